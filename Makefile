@@ -1,0 +1,37 @@
+# Everything a fresh machine needs: `make check` (the main job) and `make test` (the suite).
+# torch is pinned through constraints/torch-cpu.txt so pip takes the CPU wheel, never a CUDA build.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.kvcache-installed
+
+.PHONY: setup check test lint typecheck unit bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints/torch-cpu.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints/torch-cpu.txt -e ".[dev]"
+	touch $(STAMP)
+
+check: setup
+	$(BIN)/kvcache list
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: setup
+	$(BIN)/mypy
+
+unit: setup
+	$(BIN)/python -m pytest -q
+
+test: lint typecheck unit
+
+bench: setup
+	$(BIN)/python benchmarks/bench.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,52 @@
+"""The ``kvcache`` command: a thin dispatcher over one module per subcommand.
+
+Exit codes (for every subcommand): 0 clean, 1 findings or rejected plugins, 2 usage or
+internal error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from .commands import SUBCOMMANDS
+
+__all__ = ["main"]
+
+EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvcache",
+        description="Pluggable, conformance-checked KV-cache pools for LLM serving engines.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for command in SUBCOMMANDS:
+        command.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help
+        return int(exc.code or 0)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_ERROR
+    try:
+        return int(args.run(args))
+    except KeyboardInterrupt:
+        return EXIT_ERROR
+    except Exception as exc:  # an internal error must not look like "findings"
+        print(
+            f"kvcache {args.command}: internal error: {type(exc).__name__}: {exc}", file=sys.stderr
+        )
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

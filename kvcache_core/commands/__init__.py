@@ -1,0 +1,10 @@
+"""One module per ``kvcache`` subcommand; each exposes ``register(subparsers)``."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from . import list_plugins
+
+#: Subcommands in the order ``kvcache --help`` lists them.
+SUBCOMMANDS: tuple[ModuleType, ...] = (list_plugins,)

@@ -1,0 +1,209 @@
+"""A neutral description of a method signature, built from source (``ast``) or from a live
+object (``inspect``), so that one comparison serves the no-import and the runtime levels.
+"""
+
+from __future__ import annotations
+
+import ast
+import enum
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["MethodSig", "Param", "ParamKind", "normalize_annotation", "sig_from_callable"]
+
+
+class ParamKind(str, enum.Enum):
+    POSITIONAL_ONLY = "positional-only"
+    POSITIONAL_OR_KEYWORD = "positional-or-keyword"
+    VAR_POSITIONAL = "var-positional"
+    KEYWORD_ONLY = "keyword-only"
+    VAR_KEYWORD = "var-keyword"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_FROM_INSPECT = {
+    inspect.Parameter.POSITIONAL_ONLY: ParamKind.POSITIONAL_ONLY,
+    inspect.Parameter.POSITIONAL_OR_KEYWORD: ParamKind.POSITIONAL_OR_KEYWORD,
+    inspect.Parameter.VAR_POSITIONAL: ParamKind.VAR_POSITIONAL,
+    inspect.Parameter.KEYWORD_ONLY: ParamKind.KEYWORD_ONLY,
+    inspect.Parameter.VAR_KEYWORD: ParamKind.VAR_KEYWORD,
+}
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter. ``default`` is the default's source text, or None when required."""
+
+    name: str
+    kind: ParamKind = ParamKind.POSITIONAL_OR_KEYWORD
+    default: str | None = None
+    annotation: str | None = None
+
+    @property
+    def required(self) -> bool:
+        return self.default is None and self.kind not in (
+            ParamKind.VAR_POSITIONAL,
+            ParamKind.VAR_KEYWORD,
+        )
+
+    @property
+    def positional(self) -> bool:
+        return self.kind in (ParamKind.POSITIONAL_ONLY, ParamKind.POSITIONAL_OR_KEYWORD)
+
+    def render(self) -> str:
+        """Source text of this parameter, e.g. ``mamba_indices: Tensor | None = None``."""
+        prefix = {ParamKind.VAR_POSITIONAL: "*", ParamKind.VAR_KEYWORD: "**"}.get(self.kind, "")
+        text = prefix + self.name
+        if self.annotation:
+            text += f": {self.annotation}"
+            if self.default is not None:
+                text += f" = {self.default}"
+        elif self.default is not None:
+            text += f"={self.default}"
+        return text
+
+
+@dataclass(frozen=True)
+class MethodSig:
+    """A method's parameters *after* ``self``, its return annotation and where it is defined."""
+
+    name: str
+    params: tuple[Param, ...]
+    returns: str | None = None
+    path: str | None = None
+    line: int | None = None
+
+    def render(self) -> str:
+        parts: list[str] = []
+        seen_kw_marker = False
+        for i, p in enumerate(self.params):
+            if (
+                p.kind is ParamKind.KEYWORD_ONLY
+                and not seen_kw_marker
+                and not any(q.kind is ParamKind.VAR_POSITIONAL for q in self.params[:i])
+            ):
+                parts.append("*")
+                seen_kw_marker = True
+            parts.append(p.render())
+            if p.kind is ParamKind.POSITIONAL_ONLY and (
+                i + 1 == len(self.params)
+                or self.params[i + 1].kind is not ParamKind.POSITIONAL_ONLY
+            ):
+                parts.append("/")
+        ret = f" -> {self.returns}" if self.returns else ""
+        return f"{self.name}(self{''.join(', ' + p for p in parts)}){ret}"
+
+    def get(self, name: str) -> Param | None:
+        return next((p for p in self.params if p.name == name), None)
+
+    def index(self, name: str) -> int:
+        return next(i for i, p in enumerate(self.params) if p.name == name)
+
+
+def _strip_module(node: ast.expr) -> ast.expr:
+    """``torch.Tensor`` -> ``Tensor``; ``typing.Optional`` -> ``Optional``."""
+
+    class _Strip(ast.NodeTransformer):
+        def visit_Attribute(self, n: ast.Attribute) -> ast.AST:
+            return ast.Name(id=n.attr, ctx=ast.Load())
+
+    return _Strip().visit(node)  # type: ignore[no-any-return]
+
+
+def _union_members(node: ast.expr) -> list[str] | None:
+    """Members of ``a | b``, ``Optional[a]`` or ``Union[a, b]``; None when not a union."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        return (_union_members(node.left) or [_norm(node.left)]) + (
+            _union_members(node.right) or [_norm(node.right)]
+        )
+    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name):
+        if node.value.id == "Optional":
+            return [_norm(node.slice), "None"]
+        if node.value.id == "Union":
+            elts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+            return [_norm(e) for e in elts]
+    return None
+
+
+def _norm(node: ast.expr) -> str:
+    members = _union_members(node)
+    if members is not None:
+        flat = sorted(set(members), key=lambda m: (m == "None", m))
+        return " | ".join(flat)
+    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name):
+        name = {"Tuple": "tuple", "List": "list", "Dict": "dict"}.get(node.value.id, node.value.id)
+        elts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        return f"{name}[{', '.join(_norm(e) for e in elts)}]"
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        try:
+            return _norm(ast.parse(node.value, mode="eval").body)
+        except SyntaxError:
+            return node.value
+    return ast.unparse(node)
+
+
+def normalize_annotation(text: str | None) -> str | None:
+    """Canonical text of an annotation, so ``Optional[torch.Tensor]`` equals ``Tensor | None``."""
+    if text is None:
+        return None
+    try:
+        tree = ast.parse(text.strip(), mode="eval").body
+    except SyntaxError:
+        return text.strip()
+    return _norm(_strip_module(tree))
+
+
+def _annotation_text(annotation: object) -> str | None:
+    if annotation is inspect.Parameter.empty:
+        return None
+    if isinstance(annotation, str):
+        return annotation
+    return inspect.formatannotation(annotation)
+
+
+def _default_text(default: object) -> str | None:
+    if default is inspect.Parameter.empty:
+        return None
+    return repr(default)
+
+
+def sig_from_callable(name: str, func: Callable[..., object], *, bound: bool = False) -> MethodSig:
+    """Describe a function or method taken from a class (``self`` is dropped unless ``bound``)."""
+    sig = inspect.signature(func)
+    params = list(sig.parameters.values())
+    if (
+        not bound
+        and params
+        and params[0].kind
+        in (
+            inspect.Parameter.POSITIONAL_ONLY,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        )
+    ):
+        params = params[1:]
+    path: str | None
+    line: int | None
+    try:
+        target = inspect.unwrap(func)
+        path = inspect.getsourcefile(target)
+        line = inspect.getsourcelines(target)[1]
+    except (OSError, TypeError):
+        path, line = None, None
+    return MethodSig(
+        name=name,
+        params=tuple(
+            Param(
+                name=p.name,
+                kind=_FROM_INSPECT[p.kind],
+                default=_default_text(p.default),
+                annotation=_annotation_text(p.annotation),
+            )
+            for p in params
+        ),
+        returns=_annotation_text(sig.return_annotation),
+        path=path,
+        line=line,
+    )

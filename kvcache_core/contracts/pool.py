@@ -1,0 +1,157 @@
+"""The pool contract (version 2) and its optional capabilities, as ``typing.Protocol``s.
+
+Why Protocols and not an abstract base class: third-party pools must not have to inherit from
+kvcache to be checked, and mypy can then tell a pool author, member by member, where their
+class drifted. Every method here is the single source of truth that the checker, discovery and
+``history`` are tested against.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from .snapshot import KVSnapshot
+from .writeloc import KVWriteLoc
+
+__all__ = [
+    "HiSparsePool",
+    "IndexerKeyPool",
+    "KVPool",
+    "LayerLike",
+    "MLAPool",
+    "MambaStatePool",
+    "OffloadablePool",
+    "SlidingWindowPool",
+]
+
+
+@runtime_checkable
+class LayerLike(Protocol):
+    """Anything that tells a pool which layer it is: an attention module, or a tiny record."""
+
+    @property
+    def layer_id(self) -> int: ...
+
+
+@runtime_checkable
+class KVPool(Protocol):
+    """Every pool. Buffers have ``size + page_size`` rows; slot 0 is a reserved padding slot."""
+
+    size: int
+    page_size: int
+    dtype: torch.dtype
+    device: torch.device
+    layer_num: int
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor: ...
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor: ...
+
+    def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def set_kv_buffer(
+        self,
+        layer: LayerLike,
+        loc: KVWriteLoc | torch.Tensor,
+        cache_k: torch.Tensor,
+        cache_v: torch.Tensor,
+        k_scale: float | None = None,
+        v_scale: float | None = None,
+    ) -> None: ...
+
+    def get_kv_size_bytes(self) -> int: ...
+
+
+@runtime_checkable
+class OffloadablePool(KVPool, Protocol):
+    """Retraction support: copy slots to the host and load them back into new slots."""
+
+    def get_cpu_copy(
+        self, indices: torch.Tensor, mamba_indices: torch.Tensor | None = None
+    ) -> KVSnapshot: ...
+
+    def load_cpu_copy(
+        self,
+        snapshot: KVSnapshot,
+        indices: torch.Tensor,
+        mamba_indices: torch.Tensor | None = None,
+    ) -> None: ...
+
+
+@runtime_checkable
+class MLAPool(KVPool, Protocol):
+    """Latent (multi-head latent attention) access: one ``[nope | rope]`` row per token."""
+
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+
+    def set_mla_kv_buffer(
+        self,
+        layer: LayerLike,
+        loc: KVWriteLoc | torch.Tensor,
+        cache_k_nope: torch.Tensor,
+        cache_k_rope: torch.Tensor,
+    ) -> None: ...
+
+    def get_mla_kv_buffer(
+        self,
+        layer: LayerLike,
+        loc: torch.Tensor,
+        dst_dtype: torch.dtype | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@runtime_checkable
+class IndexerKeyPool(KVPool, Protocol):
+    """DSA's per-layer indexer keys and scales, stored by page of ``page_size`` tokens."""
+
+    index_head_dim: int
+
+    def set_index_k_scale_buffer(
+        self,
+        layer_id: int,
+        loc: torch.Tensor,
+        index_k: torch.Tensor,
+        index_k_scale: torch.Tensor,
+    ) -> None: ...
+
+    def get_index_k_scale_buffer(
+        self, layer_id: int, loc: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@runtime_checkable
+class SlidingWindowPool(KVPool, Protocol):
+    """A full pool plus a window pool; full slots translate to window slots through a table."""
+
+    swa_layer_ids: tuple[int, ...]
+
+    def register_mapping(self, full_to_swa_index_mapping: torch.Tensor) -> None: ...
+
+    def translate_loc_from_full_to_swa(self, kv_indices: torch.Tensor) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class MambaStatePool(Protocol):
+    """Per-request recurrent state, indexed by request slot (slot 0 is padding)."""
+
+    mamba_layer_ids: tuple[int, ...]
+
+    def get_mamba_state(self, layer_id: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]: ...
+
+    def clear_slots(self, indices: torch.Tensor) -> None: ...
+
+    def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None: ...
+
+
+@runtime_checkable
+class HiSparsePool(KVPool, Protocol):
+    """A large logical store of which a subset of slots is resident on the device."""
+
+    def register_logical_to_device(self, logical_to_device: torch.Tensor) -> None: ...
+
+    def translate_loc_to_device(self, loc: torch.Tensor) -> torch.Tensor: ...
+
+    def load_to_device(self, logical: torch.Tensor, device_slots: torch.Tensor) -> None: ...

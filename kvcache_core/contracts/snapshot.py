@@ -1,0 +1,106 @@
+"""``KVSnapshot``: what ``get_cpu_copy`` returns and ``load_cpu_copy`` takes back.
+
+A snapshot is self-describing so that loading it into the wrong pool fails *before* a byte is
+written: it names the pool kind, the compute dtype, how many tokens (or request slots) it holds,
+and carries its tensors as named parts whose shapes and dtypes are checked against what the
+target pool expects. Composite pools (SWA, hybrid Mamba) nest the snapshots of their parts in
+``children``; ``meta`` holds small plain values (a config fingerprint, a mask's meaning).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import torch
+
+from ..errors import SnapshotMismatchError
+
+__all__ = ["KVSnapshot", "PartLayout", "expect_snapshot"]
+
+#: Expected (shape, dtype) of one snapshot part.
+PartLayout = tuple[tuple[int, ...], torch.dtype]
+
+
+@dataclass(frozen=True)
+class KVSnapshot:
+    """A host-side copy of some slots of a pool.
+
+    ``token_count`` is the number of indices the snapshot was taken at: ``load_cpu_copy`` must be
+    given exactly that many new indices, in the same order.
+    """
+
+    pool_kind: str
+    dtype: torch.dtype
+    token_count: int
+    parts: Mapping[str, torch.Tensor]
+    children: Mapping[str, KVSnapshot | None] = field(default_factory=dict)
+    meta: Mapping[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.token_count < 0:
+            raise ValueError(f"token_count must be >= 0, got {self.token_count}")
+        for name, tensor in self.parts.items():
+            if not isinstance(tensor, torch.Tensor):
+                raise TypeError(f"snapshot part {name!r} must be a tensor, got {type(tensor)}")
+        # Freeze the containers too: a snapshot is a value, shared between threads and retries.
+        object.__setattr__(self, "parts", MappingProxyType(dict(self.parts)))
+        object.__setattr__(self, "children", MappingProxyType(dict(self.children)))
+        object.__setattr__(self, "meta", MappingProxyType(dict(self.meta)))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by this snapshot and its children."""
+        own = sum(t.numel() * t.element_size() for t in self.parts.values())
+        return own + sum(c.nbytes for c in self.children.values() if c is not None)
+
+    def layout(self) -> dict[str, PartLayout]:
+        """Shape and dtype of every part (for error messages and comparisons)."""
+        return {name: (tuple(t.shape), t.dtype) for name, t in self.parts.items()}
+
+
+def expect_snapshot(
+    snapshot: object,
+    *,
+    kind: str,
+    dtype: torch.dtype,
+    token_count: int,
+    parts: Mapping[str, PartLayout],
+    meta: Mapping[str, object] | None = None,
+) -> KVSnapshot:
+    """Check that ``snapshot`` fits a pool; raise :class:`SnapshotMismatchError` otherwise.
+
+    The message names both sides (what the snapshot holds, what the pool expects), in the style
+    of mypy's stubtest, so the caller can tell a wrong pool from a wrong index count.
+    """
+    if not isinstance(snapshot, KVSnapshot):
+        raise SnapshotMismatchError(f"expected a KVSnapshot, got {type(snapshot).__name__}")
+    if snapshot.pool_kind != kind:
+        raise SnapshotMismatchError(
+            f"snapshot was taken from a {snapshot.pool_kind!r} pool; this pool is {kind!r}"
+        )
+    if snapshot.dtype != dtype:
+        raise SnapshotMismatchError(f"snapshot dtype is {snapshot.dtype}; this pool stores {dtype}")
+    if snapshot.token_count != token_count:
+        raise SnapshotMismatchError(
+            f"snapshot holds {snapshot.token_count} entries but {token_count} indices were given "
+            "(load_cpu_copy needs new indices of the same count and order)"
+        )
+    for key, expected in (meta or {}).items():
+        got = snapshot.meta.get(key)
+        if got != expected:
+            raise SnapshotMismatchError(f"snapshot {key} is {got!r}; this pool has {expected!r}")
+    have = snapshot.layout()
+    if set(have) != set(parts):
+        raise SnapshotMismatchError(
+            f"snapshot has parts {sorted(have)}; this pool expects {sorted(parts)}"
+        )
+    for name, (shape, part_dtype) in parts.items():
+        got_shape, got_dtype = have[name]
+        if got_shape != tuple(shape) or got_dtype != part_dtype:
+            raise SnapshotMismatchError(
+                f"snapshot part {name!r} is {list(got_shape)} {got_dtype}; "
+                f"this pool expects {list(shape)} {part_dtype}"
+            )
+    return snapshot

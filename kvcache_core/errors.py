@@ -1,0 +1,67 @@
+"""Exception types shared by the contract, the built-in plugins and discovery.
+
+Every error a pool raises on bad input derives from :class:`KVCacheError` *and* from the
+builtin exception a caller would naturally catch (``ValueError``, ``IndexError``,
+``TypeError``), so engines can catch either the precise kvcache type or the generic one.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AllocatorError",
+    "DoubleFreeError",
+    "InvalidLayerError",
+    "InvalidSlotError",
+    "KVCacheError",
+    "PluginRejectedError",
+    "ShapeMismatchError",
+    "SnapshotMismatchError",
+    "UnknownPoolError",
+    "UnsupportedDtypeError",
+]
+
+
+class KVCacheError(Exception):
+    """Base class of every error raised by kvcache."""
+
+
+class InvalidSlotError(KVCacheError, IndexError):
+    """Slot indices that are out of range, negative, reserved, duplicated or not integers."""
+
+
+class InvalidLayerError(KVCacheError, IndexError):
+    """A layer id this pool does not hold (after subtracting its ``start_layer``)."""
+
+
+class ShapeMismatchError(KVCacheError, ValueError):
+    """A tensor handed to a pool does not have the shape or dtype the pool stores."""
+
+
+class UnsupportedDtypeError(KVCacheError, TypeError):
+    """A dtype the pool cannot store on this torch build or device."""
+
+
+class SnapshotMismatchError(KVCacheError, ValueError):
+    """A snapshot does not fit the pool it is being loaded into (kind, dtype, shapes, count)."""
+
+
+class AllocatorError(KVCacheError, ValueError):
+    """An allocator was asked for something impossible (e.g. a size not a multiple of a page)."""
+
+
+class DoubleFreeError(AllocatorError):
+    """A slot (or page) was freed while it was already free, or slot 0 was freed."""
+
+
+class UnknownPoolError(KVCacheError, KeyError):
+    """``Registry.create`` was asked for a pool name that no accepted plugin provides."""
+
+
+class PluginRejectedError(KVCacheError, RuntimeError):
+    """Raised by strict discovery: lists every rejected plugin and why."""
+
+    def __init__(self, rejected: list[object]) -> None:
+        self.rejected = rejected
+        lines = [f"{len(rejected)} kvcache plugin(s) rejected:"]
+        lines += [f"  - {r}" for r in rejected]
+        super().__init__("\n".join(lines))

@@ -1,0 +1,25 @@
+"""The pluggy hook specifications of kvcache (project name ``kvcache``).
+
+One hook is enough: a plugin module returns the ``PoolSpec``s it provides. Keeping the hook
+surface this small is what lets the contract evolve without breaking every plugin's import.
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+from .contracts.spec import PoolSpec
+
+__all__ = ["PROJECT_NAME", "hookimpl", "hookspec", "kvcache_pool_specs"]
+
+PROJECT_NAME = "kvcache"
+#: The entry point group every pool plugin registers under.
+ENTRY_POINT_GROUP = "kvcache.pools"
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+@hookspec
+def kvcache_pool_specs() -> list[PoolSpec]:  # type: ignore[empty-body]
+    """Return the pool kinds this plugin provides."""

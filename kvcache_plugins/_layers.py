@@ -1,0 +1,41 @@
+"""Small helpers every built-in pool shares: layer-id resolution and write-slot checks."""
+
+from __future__ import annotations
+
+import torch
+
+from kvcache_core import InvalidLayerError, LayerLike, check_slots
+
+
+def layer_id_of(layer: LayerLike) -> int:
+    """The layer id of anything that has one, with a clear error when it does not."""
+    try:
+        value = layer.layer_id
+    except AttributeError:
+        raise TypeError(
+            f"layer must have an integer `layer_id` (e.g. an attention module), got "
+            f"{type(layer).__name__}"
+        ) from None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"layer.layer_id must be an int, got {type(value).__name__}")
+    return value
+
+
+def local_layer(layer_id: int, start_layer: int, layer_num: int) -> int:
+    """Global layer id -> index into this pool's buffers."""
+    local = layer_id - start_layer
+    if not 0 <= local < layer_num:
+        raise InvalidLayerError(
+            f"layer {layer_id} is not in this pool (it holds layers "
+            f"{start_layer}..{start_layer + layer_num - 1})"
+        )
+    return local
+
+
+def write_slots(
+    loc: torch.Tensor, *, limit: int, check_values: bool, device: torch.device, name: str = "loc"
+) -> torch.Tensor:
+    """Slots a forward pass writes to: slot 0 (padding) allowed, values checked on request."""
+    return check_slots(
+        loc, limit=limit, name=name, allow_zero=True, check_values=check_values, device=device
+    )
