@@ -11,7 +11,6 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml constraints/torch-cpu.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c constraints/torch-cpu.txt -e ".[dev]"
 	touch $(STAMP)
 
