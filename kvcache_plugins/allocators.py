@@ -1,10 +1,18 @@
 """Token and paged slot allocators.
 
 Bookkeeping lives on the host in preallocated tensors: a stack of free ids with a top pointer
-(O(1) amortised per id, no allocation per call) and a ``is_free`` mask that makes double frees
-detectable in O(n) for n freed ids. ``free`` never synchronises an accelerator: ids that arrive on
-a GPU are queued and validated the next time the allocator must know its free set (``alloc``,
-``available_size``, ``backup_state``), while host ids are validated on the spot.
+(O(1) amortised per id, no allocation per call) and an ``is_free`` mask that makes double frees
+detectable.
+
+Why frees are checked in batches: on CPU every torch call costs microseconds, so checking each
+``free`` on the spot (range, duplicates, already free) costs several times the allocation itself,
+and on an accelerator it would synchronise the device. ``free`` therefore only queues its ids;
+the queue is checked and merged in one vectorised pass when the allocator next needs its free set
+(an ``alloc`` that runs short, ``available_size``, ``backup_state``, ``check_frees``) or when the
+queue grows past a bound. A bad free (double free, slot 0, out of range) is then rejected as a
+whole with a :class:`DoubleFreeError`/:class:`InvalidSlotError` naming the slot; every other queued
+free is applied, so nothing is lost and no slot can be handed out twice. ``eager_checks=True``
+checks each host-side free on the spot instead (for debugging: the error points at the call).
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from kvcache_core import (
     AllocatorError,
     DoubleFreeError,
     InvalidSlotError,
+    KVCacheError,
     KVPool,
     KVSnapshot,
     OffloadablePool,
@@ -23,16 +32,24 @@ from kvcache_core import (
 __all__ = ["PagedSlotAllocator", "TokenSlotAllocator"]
 
 _CPU = torch.device("cpu")
+#: Queued free calls that trigger a merge (bounds memory and how late an error surfaces).
+_MAX_PENDING_CALLS = 64
 
 
 class _FreeIds:
-    """Free ids ``1..count`` as a stack; ``take`` returns the lowest ids first on a fresh stack."""
+    """Free ids ``1..count`` as a stack; ``take`` returns the lowest ids first on a fresh stack.
+
+    ``take`` only records what it handed out; the ``is_free`` mask catches up in bulk in
+    :meth:`sync_marks` (one ``index_fill_`` per batch instead of one per call).
+    """
 
     def __init__(self, count: int) -> None:
         self.count = count
         self.stack = torch.empty(count, dtype=torch.int64)
         self.is_free = torch.zeros(count + 1, dtype=torch.bool)
-        self._first = torch.empty(count + 1, dtype=torch.int64)  # scratch for de-duplication
+        self._low = torch.empty(count + 1, dtype=torch.int64)  # scratch for de-duplication
+        self._high = torch.empty(count + 1, dtype=torch.int64)
+        self._taken: list[torch.Tensor] = []
         self.top = 0
         self.reset()
 
@@ -40,54 +57,71 @@ class _FreeIds:
         torch.arange(self.count, 0, -1, out=self.stack)
         self.is_free.fill_(True)
         self.is_free[0] = False
+        self._taken.clear()
         self.top = self.count
 
     def take(self, n: int) -> torch.Tensor:
         ids = self.stack[self.top - n : self.top].flip(0)
         self.top -= n
-        self.is_free[ids] = False
+        self._taken.append(ids)
         return ids
 
-    def first_occurrences(self, ids: torch.Tensor) -> torch.Tensor:
-        """Mask of the first occurrence of every id in ``ids`` (O(len(ids)))."""
-        order = torch.arange(ids.numel(), dtype=torch.int64)
-        self._first.index_fill_(0, ids, ids.numel())
-        self._first.scatter_reduce_(0, ids, order, reduce="amin")
-        return self._first[ids] == order
+    def sync_marks(self) -> None:
+        """Mark everything handed out since the last sync as not free."""
+        if self._taken:
+            taken = self._taken[0] if len(self._taken) == 1 else torch.cat(self._taken)
+            self._taken.clear()
+            self.is_free.index_fill_(0, taken, False)
 
-    def give_back(self, ids: torch.Tensor, *, what: str, dedupe: bool) -> None:
-        """Return ``ids`` (host int64, 1-D) to the stack after checking every one of them."""
+    def _spread(self, ids: torch.Tensor, groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """For every position, the lowest and highest group id that names the same id."""
+        self._low.index_fill_(0, ids, groups.numel())
+        self._low.scatter_reduce_(0, ids, groups, reduce="amin")
+        self._high.index_fill_(0, ids, -1)
+        self._high.scatter_reduce_(0, ids, groups, reduce="amax")
+        return torch.index_select(self._low, 0, ids), torch.index_select(self._high, 0, ids)
+
+    def give_back(self, ids: torch.Tensor, groups: torch.Tensor | None, *, what: str) -> None:
+        """Return ``ids`` (host int64, 1-D) after checking all of them; mutate nothing on error.
+
+        ``groups`` says which free call each id came from when one call may legitimately name an
+        id several times (slots of one page); ``None`` means every repetition is an error.
+        """
         if ids.numel() == 0:
             return
-        low, high = int(ids.min()), int(ids.max())
+        low, high = (int(v) for v in torch.aminmax(ids))
         if low < 1 or high > self.count:
             bad = low if low < 1 else high
             if bad == 0:
                 raise DoubleFreeError(f"{what} 0 is reserved and is never allocated")
             raise InvalidSlotError(f"cannot free {what} {bad}: valid {what}s are 1..{self.count}")
-        first = self.first_occurrences(ids)
-        if dedupe:
-            ids = ids[first]
-        elif not bool(first.all()):
-            dup = int(ids[~first][0])
-            raise DoubleFreeError(f"{what} {dup} is freed twice in one call")
-        already = self.is_free[ids]
+        order = torch.arange(ids.numel(), dtype=torch.int64)
+        first, last = self._spread(ids, order if groups is None else groups)
+        if not bool(torch.equal(first, last)):
+            raise DoubleFreeError(f"{what} {int(ids[first != last][0])} is freed twice")
+        if groups is not None:  # keep one copy of each id named several times by one call
+            lowest, _ = self._spread(ids, order)
+            ids = ids[lowest == order]
+        self.sync_marks()
+        already = torch.index_select(self.is_free, 0, ids)
         if bool(already.any()):
             raise DoubleFreeError(f"{what} {int(ids[already][0])} is already free (double free)")
         n = ids.numel()
         self.stack[self.top : self.top + n] = ids.flip(0)
         self.top += n
-        self.is_free[ids] = True
+        self.is_free.index_fill_(0, ids, True)
 
     def snapshot(self) -> tuple[torch.Tensor, int]:
+        self.sync_marks()
         return self.stack[: self.top].clone(), self.top
 
     def restore(self, state: tuple[torch.Tensor, int]) -> None:
         stack, top = state
         self.stack[:top] = stack
         self.top = top
+        self._taken.clear()
         self.is_free.fill_(False)
-        self.is_free[stack] = True
+        self.is_free.index_fill_(0, stack, True)
 
 
 class PagedSlotAllocator:
@@ -102,6 +136,8 @@ class PagedSlotAllocator:
         page_size: int,
         kvcache: KVPool,
         device: torch.device | str | None = None,
+        *,
+        eager_checks: bool = False,
     ) -> None:
         if size <= 0 or page_size <= 0:
             raise AllocatorError(f"size and page_size must be positive, got {size}, {page_size}")
@@ -116,21 +152,51 @@ class PagedSlotAllocator:
         self._pending: list[torch.Tensor] = []
         self._group: list[torch.Tensor] | None = None
         self._offsets = torch.arange(page_size, dtype=torch.int64)
+        self.eager_checks = eager_checks
 
     # -- bookkeeping -----------------------------------------------------------------------
     def _settle(self) -> None:
-        """Validate and return the frees that arrived on an accelerator (one sync, here)."""
-        if self._pending:
-            pending, self._pending = self._pending, []
-            self._give_back(torch.cat([p.to(_CPU) for p in pending]))
+        """Check and merge every queued free in one pass (one device sync, if any, is here)."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        calls = [p.to(_CPU) for p in pending]
+        try:
+            self._give_back(calls)
+        except KVCacheError:
+            self._give_back_one_by_one(calls)
 
-    def _give_back(self, slots: torch.Tensor) -> None:
+    def _give_back_one_by_one(self, calls: list[torch.Tensor]) -> None:
+        """Slow path after a bad batch: apply every good call, reject the bad ones, then raise."""
+        failures: list[tuple[int, KVCacheError]] = []
+        for number, call in enumerate(calls, start=1):
+            try:
+                self._give_back([call])
+            except KVCacheError as exc:
+                failures.append((number, exc))
+        number, first = failures[0]
+        context = (
+            f" (queued free call {number} of {len(calls)}; "
+            f"{len(failures)} bad call(s) rejected, the other frees applied)"
+        )
+        raise type(first)(f"{first}{context}") from None
+
+    def _give_back(self, calls: list[torch.Tensor]) -> None:
+        slots = calls[0] if len(calls) == 1 else torch.cat(calls)
         if self.page_size == 1:
-            self._free.give_back(slots, what="slot", dedupe=False)
-        else:
-            if bool((slots == 0).any()):
-                raise DoubleFreeError("slot 0 is reserved and is never allocated")
-            self._free.give_back(slots // self.page_size, what="page", dedupe=True)
+            self._free.give_back(slots, None, what="slot")
+            return
+        if bool((slots == 0).any()):
+            raise DoubleFreeError("slot 0 is reserved and is never allocated")
+        sizes = torch.tensor([c.numel() for c in calls])
+        groups = torch.repeat_interleave(torch.arange(len(calls)), sizes)
+        self._free.give_back(slots // self.page_size, groups, what="page")
+
+    def _reserve(self, pages: int) -> bool:
+        """Whether ``pages`` free pages exist, merging queued frees only when the stack is short."""
+        if pages > self._free.top:
+            self._settle()
+        return pages <= self._free.top
 
     def _slots_of(self, pages: torch.Tensor) -> torch.Tensor:
         if self.page_size == 1:
@@ -154,26 +220,30 @@ class PagedSlotAllocator:
                 f"need_size {need_size} is not a multiple of page_size {self.page_size}; "
                 "use alloc_extend/alloc_decode for partial pages"
             )
-        self._settle()
         pages = need_size // self.page_size
-        if pages > self._free.top:
+        if not self._reserve(pages):
             return None
         return self._out(self._slots_of(self._free.take(pages)))
 
     def free(self, indices: torch.Tensor) -> None:
-        """Release slots (their whole pages). Host ids are checked now, device ids lazily."""
+        """Release slots (and so their whole pages). Checked in a batch; see the module doc."""
         if not isinstance(indices, torch.Tensor):
             raise InvalidSlotError(f"indices must be a tensor, got {type(indices).__name__}")
-        if indices.numel() == 0:
-            return
         if indices.is_floating_point() or indices.is_complex() or indices.dtype == torch.bool:
             raise InvalidSlotError(f"indices must have an integer dtype, got {indices.dtype}")
+        if indices.numel() == 0:
+            return
         if self._group is not None:
             self._group.append(indices)
-        elif indices.device.type == "cpu":
-            self._give_back(indices.reshape(-1).to(torch.int64))
-        else:
-            self._pending.append(indices.reshape(-1).to(torch.int64))
+            return
+        self._pending.append(indices.reshape(-1).to(torch.int64))
+        eager = self.eager_checks and indices.device.type == "cpu"
+        if eager or len(self._pending) >= _MAX_PENDING_CALLS:
+            self._settle()
+
+    def check_frees(self) -> None:
+        """Check and merge queued frees now, raising on a bad one (see the module doc)."""
+        self._settle()
 
     def free_group_begin(self) -> None:
         """Collect frees until :meth:`free_group_end`, which releases them in one call."""
@@ -186,7 +256,7 @@ class PagedSlotAllocator:
         if group is None:
             raise AllocatorError("free_group_end called without free_group_begin")
         if group:
-            self.free(torch.cat([g.reshape(-1).to(_CPU, torch.int64) for g in group]))
+            self.free(torch.cat([g.reshape(-1).to(torch.int64) for g in group]))
 
     def backup_state(self) -> object:
         """A state that :meth:`restore_state` brings back exactly (undoing allocs and frees)."""
@@ -253,8 +323,7 @@ class PagedSlotAllocator:
             rest = s - p - partial
             plan.append((last + 1, partial, rest))
             new_pages += -(-rest // P)
-        self._settle()
-        if new_pages > self._free.top:
+        if not self._reserve(new_pages):
             return None
         pages = self._free.take(new_pages)
         out: list[torch.Tensor] = []
@@ -282,8 +351,7 @@ class PagedSlotAllocator:
                 raise AllocatorError(f"seq_len must be >= 1 for decode, got {s}")
             if not fresh:
                 self._check_last_loc(last, s - 1)
-        self._settle()
-        if sum(needs_page) > self._free.top:
+        if not self._reserve(sum(needs_page)):
             return None
         pages = self._free.take(sum(needs_page)).tolist()
         result = [
@@ -300,6 +368,7 @@ class PagedSlotAllocator:
                 f"last_loc {last} cannot be the last slot of a request holding "
                 f"{tokens_before} tokens with page_size {P}"
             )
+        self._free.sync_marks()
         if bool(self._free.is_free[last // P]):
             raise AllocatorError(f"last_loc {last} lies in page {last // P}, which is free")
 

@@ -146,6 +146,22 @@ class MHATokenToKVPool:
             meta=self._meta(),
         )
 
+    def check_snapshot(self, snapshot: object, token_count: int) -> KVSnapshot:
+        """Check that ``snapshot`` fits this pool for ``token_count`` tokens; write nothing.
+
+        Composite pools (SWA, hybrid Mamba) check every part with this before loading any, so
+        a bad second part cannot leave the first one loaded and the second one not.
+        """
+        n = token_count
+        return expect_snapshot(
+            snapshot,
+            kind=self.kind,
+            dtype=self.dtype,
+            token_count=n,
+            parts={"k": self._k.part_layout(n), "v": self._v.part_layout(n)},
+            meta=self._meta(),
+        )
+
     def load_cpu_copy(
         self,
         snapshot: KVSnapshot,
@@ -154,15 +170,7 @@ class MHATokenToKVPool:
     ) -> None:
         """Write ``snapshot`` into the newly allocated slots ``indices`` (same count, order)."""
         slots = self._offload_slots(indices)
-        n = slots.numel()
-        expect_snapshot(
-            snapshot,
-            kind=self.kind,
-            dtype=self.dtype,
-            token_count=n,
-            parts={"k": self._k.part_layout(n), "v": self._v.part_layout(n)},
-            meta=self._meta(),
-        )
+        snapshot = self.check_snapshot(snapshot, slots.numel())
         self._k.scatter(slots, snapshot.parts["k"])
         self._v.scatter(slots, snapshot.parts["v"])
 

@@ -1,0 +1,326 @@
+"""Slot allocators: invariants under hypothesis-driven request workloads, and error paths."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from kvcache_core import AllocatorError, DoubleFreeError, InvalidSlotError, PagedAllocator
+from kvcache_core import TokenAllocator as TokenAllocatorProtocol
+from kvcache_plugins.allocators import PagedSlotAllocator, TokenSlotAllocator
+from kvcache_plugins.mha import MHATokenToKVPool
+
+
+def make(size=32, page_size=1):
+    pool = MHATokenToKVPool(size, page_size, torch.float32, 1, 2, 1)
+    return PagedSlotAllocator(size, page_size, pool)
+
+
+class RequestWorkload(RuleBasedStateMachine):
+    """Requests grow by extend and decode and get freed; a plain-Python model tracks the truth.
+
+    Checked after every step: no slot is handed out twice, each request's token ``i`` sits at
+    offset ``i % P`` of its page, ``available_size`` equals free pages times P, and
+    backup/restore brings back exactly the saved state.
+    """
+
+    SIZE = 48
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.page_size = 1
+        self.alloc: PagedSlotAllocator | None = None
+        self.requests: list[list[int]] = []
+        self.loose: list[list[int]] = []  # whole-page allocations made with alloc()
+        self.saved = None
+
+    @rule(page_size=st.sampled_from([1, 2, 4, 8]))
+    @precondition(lambda self: self.alloc is None)
+    def start(self, page_size):
+        self.page_size = page_size
+        self.alloc = make(self.SIZE, page_size)
+
+    def live(self) -> list[int]:
+        return [s for r in self.requests + self.loose for s in r]
+
+    def pages_in_use(self) -> set[int]:
+        return {s // self.page_size for s in self.live()}
+
+    @rule(lens=st.lists(st.integers(1, 20), min_size=1, max_size=3))
+    @precondition(lambda self: self.alloc is not None)
+    def new_requests(self, lens):
+        n = len(lens)
+        out = self.alloc.alloc_extend(
+            torch.zeros(n, dtype=torch.int64), torch.tensor(lens), torch.full((n,), -1), sum(lens)
+        )
+        need = sum(-(-x // self.page_size) for x in lens)
+        free_pages = self.SIZE // self.page_size - len(self.pages_in_use())
+        if need > free_pages:
+            assert out is None
+            return
+        assert out is not None and out.numel() == sum(lens)
+        cursor = 0
+        for x in lens:
+            self.requests.append(out[cursor : cursor + x].tolist())
+            cursor += x
+
+    @rule(data=st.data(), grow=st.integers(1, 9))
+    @precondition(lambda self: self.alloc is not None and self.requests)
+    def extend(self, data, grow):
+        req = data.draw(st.sampled_from(self.requests))
+        p = len(req)
+        out = self.alloc.alloc_extend(
+            torch.tensor([p]), torch.tensor([p + grow]), torch.tensor([req[-1]]), grow
+        )
+        P = self.page_size
+        need = -(-(p + grow) // P) - -(-p // P)
+        free_pages = self.SIZE // P - len(self.pages_in_use())
+        if need > free_pages:
+            assert out is None
+        else:
+            assert out is not None and out.numel() == grow
+            req.extend(out.tolist())
+
+    @rule(data=st.data())
+    @precondition(lambda self: self.alloc is not None and self.requests)
+    def decode(self, data):
+        chosen = data.draw(
+            st.lists(st.sampled_from(range(len(self.requests))), unique=True, min_size=1)
+        )
+        reqs = [self.requests[i] for i in chosen]
+        out = self.alloc.alloc_decode(
+            torch.tensor([len(r) + 1 for r in reqs]), torch.tensor([r[-1] for r in reqs])
+        )
+        need = sum(len(r) % self.page_size == 0 for r in reqs)
+        free_pages = self.SIZE // self.page_size - len(self.pages_in_use())
+        if need > free_pages:
+            assert out is None
+            return
+        assert out is not None
+        for r, slot in zip(reqs, out.tolist(), strict=True):
+            r.append(slot)
+
+    @rule(pages=st.integers(0, 6))
+    @precondition(lambda self: self.alloc is not None)
+    def alloc_pages(self, pages):
+        out = self.alloc.alloc(pages * self.page_size)
+        free_pages = self.SIZE // self.page_size - len(self.pages_in_use())
+        if pages > free_pages:
+            assert out is None
+        else:
+            assert out is not None and out.numel() == pages * self.page_size
+            if pages:
+                self.loose.append(out.tolist())
+
+    @rule(data=st.data(), grouped=st.booleans())
+    @precondition(lambda self: self.alloc is not None and (self.requests or self.loose))
+    def free_some(self, data, grouped):
+        pool = self.requests + self.loose
+        victims = data.draw(st.lists(st.sampled_from(range(len(pool))), unique=True, min_size=1))
+        chosen = [pool[i] for i in victims]
+        if grouped:
+            self.alloc.free_group_begin()
+        for slots in chosen:
+            self.alloc.free(torch.tensor(slots, dtype=torch.int64))
+        if grouped:
+            self.alloc.free_group_end()
+        self.requests = [r for r in self.requests if all(r is not c for c in chosen)]
+        self.loose = [r for r in self.loose if all(r is not c for c in chosen)]
+
+    @rule()
+    @precondition(lambda self: self.alloc is not None)
+    def backup(self):
+        self.saved = (
+            self.alloc.backup_state(),
+            [list(r) for r in self.requests],
+            [list(r) for r in self.loose],
+        )
+
+    @rule()
+    @precondition(lambda self: self.saved is not None)
+    def restore(self):
+        state, requests, loose = self.saved
+        self.alloc.restore_state(state)
+        self.requests, self.loose = [list(r) for r in requests], [list(r) for r in loose]
+
+    @invariant()
+    def no_slot_twice_and_pages_consistent(self):
+        if self.alloc is None:
+            return
+        live = self.live()
+        assert len(live) == len(set(live)), "a slot was handed out twice"
+        assert all(0 < s < self.SIZE + self.page_size for s in live)
+        P = self.page_size
+        owners: dict[int, int] = {}
+        for i, req in enumerate(self.requests + self.loose):
+            for j, slot in enumerate(req):
+                if i < len(self.requests):
+                    assert slot % P == j % P, "token not at its page offset"
+                assert owners.setdefault(slot // P, i) == i, "two requests share a page"
+        assert self.alloc.available_size() == self.SIZE - len(self.pages_in_use()) * P
+
+
+TestRequestWorkload = RequestWorkload.TestCase
+TestRequestWorkload.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+
+
+def test_allocators_satisfy_protocols():
+    alloc = make(16, 4)
+    assert isinstance(alloc, PagedAllocator) and isinstance(alloc, TokenAllocatorProtocol)
+    assert isinstance(TokenSlotAllocator(8, alloc.get_kvcache()), TokenAllocatorProtocol)
+
+
+def test_token_allocator_hands_out_ascending_ids_and_reuses_freed_ones():
+    alloc = TokenSlotAllocator(8, make(8).get_kvcache())
+    assert alloc.alloc(3).tolist() == [1, 2, 3]
+    assert alloc.alloc(6) is None  # never partial: 5 left
+    assert alloc.available_size() == 5
+    alloc.free(torch.tensor([2]))
+    assert alloc.alloc(1).tolist() == [4]  # queued frees are merged only when needed...
+    alloc.check_frees()
+    assert alloc.alloc(1).tolist() == [2]  # ...then reused first
+    assert alloc.alloc(4).tolist() == [5, 6, 7, 8]
+    assert alloc.alloc(1) is None
+    alloc.free(torch.empty(0, dtype=torch.int64))  # freeing nothing is fine
+    alloc.free(torch.tensor([1, 3]))
+    alloc.clear()
+    assert alloc.available_size() == 8 and alloc.alloc(8).tolist() == list(range(1, 9))
+
+
+def test_eager_checks_reject_the_bad_call_and_change_nothing():
+    pool = make(8).get_kvcache()
+    alloc = PagedSlotAllocator(8, 1, pool, eager_checks=True)
+    slots = alloc.alloc(4)
+    alloc.free(slots[:2])
+    with pytest.raises(DoubleFreeError, match="slot 1 is already free"):
+        alloc.free(slots[:1])
+    with pytest.raises(DoubleFreeError, match="slot 0 is reserved"):
+        alloc.free(torch.tensor([0]))
+    with pytest.raises(DoubleFreeError, match="slot 3 is freed twice"):
+        alloc.free(torch.tensor([3, 3]))
+    with pytest.raises(InvalidSlotError, match=r"valid slots are 1\.\.8"):
+        alloc.free(torch.tensor([9]))
+    with pytest.raises(InvalidSlotError, match="integer dtype"):
+        alloc.free(torch.tensor([3.0]))
+    assert alloc.available_size() == 6
+    paged = PagedSlotAllocator(16, 4, pool, eager_checks=True)
+    paged.alloc(8)
+    with pytest.raises(DoubleFreeError, match="slot 0 is reserved"):
+        paged.free(torch.tensor([0, 4]))
+    with pytest.raises(DoubleFreeError, match="page 3 is already free"):
+        paged.free(torch.tensor([12]))
+    assert paged.available_size() == 8
+
+
+def test_batched_checks_apply_good_frees_and_reject_the_bad_call():
+    alloc = make(8)
+    a, b = alloc.alloc(2), alloc.alloc(2)
+    alloc.free(a)
+    alloc.free(a[:1])  # double free: queued, not yet checked
+    alloc.free(b)
+    with pytest.raises(DoubleFreeError, match=r"slot 1 is already free .*queued free call 2 of 3"):
+        alloc.check_frees()
+    assert alloc.available_size() == 8  # a and b were applied once; nothing handed out twice
+    assert sorted(alloc.alloc(8).tolist()) == list(range(1, 9))
+
+
+def test_a_page_freed_by_two_calls_is_a_double_free():
+    paged = make(16, 4)
+    slots = paged.alloc(4)
+    paged.free(slots[:2])
+    paged.free(slots[2:])  # same page, second call
+    with pytest.raises(DoubleFreeError, match="page 1"):
+        paged.available_size()
+    assert paged.available_size() == 16
+
+
+def test_queue_is_bounded():
+    alloc = make(200)
+    slots = alloc.alloc(200)
+    for i in range(70):
+        alloc.free(slots[i : i + 1])
+    assert len(alloc._pending) < 64  # merged on its own, without any alloc
+
+
+def test_paged_alloc_needs_whole_pages_and_checks_last_loc():
+    alloc = make(16, 4)
+    with pytest.raises(AllocatorError, match="not a multiple of page_size 4"):
+        alloc.alloc(3)
+    slots = alloc.alloc_extend(torch.tensor([0]), torch.tensor([5]), torch.tensor([-1]), 5)
+    assert slots.tolist() == [4, 5, 6, 7, 8]
+    # a last_loc at the wrong page offset means the caller's bookkeeping is corrupted
+    with pytest.raises(AllocatorError, match="cannot be the last slot"):
+        alloc.alloc_decode(torch.tensor([6]), torch.tensor([9]))
+    with pytest.raises(AllocatorError, match="extend_num_tokens is 2"):
+        alloc.alloc_extend(torch.tensor([5]), torch.tensor([6]), torch.tensor([8]), 2)
+    assert alloc.alloc_decode(torch.tensor([6]), torch.tensor([8])).tolist() == [9]
+
+
+def test_extend_that_does_not_fit_consumes_nothing():
+    alloc = make(16, 4)
+    before = alloc.available_size()
+    assert (
+        alloc.alloc_extend(torch.tensor([0, 0]), torch.tensor([9, 9]), torch.tensor([-1, -1]), 18)
+        is None
+    )
+    assert alloc.available_size() == before
+
+
+def test_free_group_releases_everything_at_the_end():
+    alloc = make(8)
+    a, b = alloc.alloc(2), alloc.alloc(2)
+    alloc.free_group_begin()
+    alloc.free(a)
+    alloc.free(b)
+    assert alloc.available_size() == 4  # nothing released yet
+    alloc.free_group_end()
+    assert alloc.available_size() == 8
+    with pytest.raises(AllocatorError, match="without free_group_begin"):
+        alloc.free_group_end()
+
+
+def test_restore_rejects_foreign_state():
+    a, b = make(8), make(8)
+    with pytest.raises(AllocatorError, match="did not back up"):
+        a.restore_state(b.backup_state())
+
+
+class _Recorder:
+    """A pool stand-in that records how offload calls reach it."""
+
+    device = torch.device("cpu")
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple, dict]] = []
+
+    def get_cpu_copy(self, *args, **kwargs):
+        self.calls.append(("get", args, kwargs))
+        return "snapshot"
+
+    def load_cpu_copy(self, *args, **kwargs):
+        self.calls.append(("load", args, kwargs))
+
+
+def test_offload_pass_through_forwards_every_argument_by_keyword():
+    from kvcache_core import OffloadablePool
+
+    class Pool(_Recorder):
+        size = page_size = layer_num = 1
+        dtype = torch.float32
+
+        def get_key_buffer(self, layer_id): ...
+        def get_value_buffer(self, layer_id): ...
+        def get_kv_buffer(self, layer_id): ...
+        def set_kv_buffer(self, layer, loc, cache_k, cache_v, k_scale=None, v_scale=None): ...
+        def get_kv_size_bytes(self): ...
+
+    pool = Pool()
+    assert isinstance(pool, OffloadablePool)
+    alloc = PagedSlotAllocator(4, 1, pool)
+    idx, m = torch.tensor([1]), torch.tensor([7])
+    assert alloc.get_cpu_copy(idx, mamba_indices=m) == "snapshot"
+    alloc.load_cpu_copy("snapshot", idx, mamba_indices=m)
+    assert pool.calls[0][2]["mamba_indices"] is m and pool.calls[1][2]["mamba_indices"] is m

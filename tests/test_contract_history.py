@@ -1,0 +1,72 @@
+"""The contract as data stays in step with the Protocols, and old signatures are recognised."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from kvcache_core import VERSIONS, KVWriteLoc, OffloadablePool, unwrap_write_loc
+from kvcache_core.conformance.compare import compare_signatures
+from kvcache_core.conformance.introspect import protocol_methods
+from kvcache_core.conformance.signature_model import MethodSig, Param, normalize_annotation
+
+
+def _shape(sig: MethodSig) -> tuple:
+    return tuple(
+        (p.name, p.kind, p.default, normalize_annotation(p.annotation)) for p in sig.params
+    ), normalize_annotation(sig.returns)
+
+
+def test_version_2_data_equals_the_protocols():
+    live = protocol_methods(OffloadablePool)
+    data = VERSIONS[2].methods
+    assert set(live) == set(data)
+    for name in live:
+        assert _shape(live[name]) == _shape(data[name]), name
+
+
+def test_version_1_lacks_mamba_indices_and_writeloc():
+    v1 = VERSIONS[1].methods
+    assert v1["get_cpu_copy"].get("mamba_indices") is None
+    assert "KVWriteLoc" not in (v1["set_kv_buffer"].get("loc").annotation or "")
+    assert set(VERSIONS[2].changes) == {"get_cpu_copy", "load_cpu_copy", "set_kv_buffer"}
+
+
+def test_a_version_1_implementation_is_named_as_such():
+    impl = MethodSig("get_cpu_copy", (Param("indices"),))
+    from kvcache_core.contracts import change_note
+
+    note = change_note("get_cpu_copy", impl, 2)
+    assert note.startswith("matches contract 1; contract 2 added `mamba_indices")
+    findings = compare_signatures(VERSIONS[2].methods["get_cpu_copy"], impl, target="X")
+    assert [(f.rule, f.parameter) for f in findings] == [("missing-parameter", "mamba_indices")]
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("Optional[torch.Tensor]", "Tensor | None"),
+        ("typing.Union[None, torch.Tensor]", "torch.Tensor | None"),
+        ("Tuple[torch.Tensor, torch.Tensor]", "tuple[Tensor, Tensor]"),
+        ("'KVWriteLoc | torch.Tensor'", "Union[Tensor, KVWriteLoc]"),
+    ],
+)
+def test_annotation_normalisation_equates_spellings(a, b):
+    assert normalize_annotation(a) == normalize_annotation(b)
+
+
+def test_writeloc_is_frozen_and_unwraps():
+    import torch
+
+    loc = KVWriteLoc(torch.tensor([1]), swa_loc=torch.tensor([2]))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        loc.loc = torch.tensor([3])  # type: ignore[misc]
+    full, swa = unwrap_write_loc(loc)
+    assert full.tolist() == [1] and swa.tolist() == [2]
+    bare, none = unwrap_write_loc(torch.tensor([5]))
+    assert bare.tolist() == [5] and none is None
+    with pytest.raises(TypeError, match="KVWriteLoc"):
+        unwrap_write_loc([1, 2])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"KVWriteLoc\.swa_loc must be a torch\.Tensor"):
+        KVWriteLoc(torch.tensor([1]), swa_loc=[2])  # type: ignore[arg-type]
