@@ -32,6 +32,7 @@ from kvcache_core import (
 __all__ = ["PagedSlotAllocator", "TokenSlotAllocator"]
 
 _CPU = torch.device("cpu")
+_INDEX_DTYPES = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8})
 #: Queued free calls that trigger a merge (bounds memory and how late an error surfaces).
 _MAX_PENDING_CALLS = 64
 
@@ -160,7 +161,7 @@ class PagedSlotAllocator:
         if not self._pending:
             return
         pending, self._pending = self._pending, []
-        calls = [p.to(_CPU) for p in pending]
+        calls = [p if p.device.type == "cpu" else p.to(_CPU) for p in pending]
         try:
             self._give_back(calls)
         except KVCacheError:
@@ -227,18 +228,22 @@ class PagedSlotAllocator:
 
     def free(self, indices: torch.Tensor) -> None:
         """Release slots (and so their whole pages). Checked in a batch; see the module doc."""
-        if not isinstance(indices, torch.Tensor):
-            raise InvalidSlotError(f"indices must be a tensor, got {type(indices).__name__}")
-        if indices.is_floating_point() or indices.is_complex() or indices.dtype == torch.bool:
+        dtype = getattr(indices, "dtype", None)
+        if dtype not in _INDEX_DTYPES:
+            if not isinstance(indices, torch.Tensor):
+                raise InvalidSlotError(f"indices must be a tensor, got {type(indices).__name__}")
             raise InvalidSlotError(f"indices must have an integer dtype, got {indices.dtype}")
         if indices.numel() == 0:
             return
         if self._group is not None:
             self._group.append(indices)
             return
-        self._pending.append(indices.reshape(-1).to(torch.int64))
-        eager = self.eager_checks and indices.device.type == "cpu"
-        if eager or len(self._pending) >= _MAX_PENDING_CALLS:
+        if dtype is not torch.int64 or indices.dim() != 1:
+            indices = indices.reshape(-1).to(torch.int64)
+        self._pending.append(indices)
+        if len(self._pending) >= _MAX_PENDING_CALLS or (
+            self.eager_checks and indices.device.type == "cpu"
+        ):
             self._settle()
 
     def check_frees(self) -> None:

@@ -1,0 +1,244 @@
+"""kvcache benchmarks: every figure is a ratio against a baseline measured in the same run.
+
+Run: ``make bench`` (DESIGN.md shapes; several GB of RAM) or ``python benchmarks/bench.py
+--quick`` (small shapes, seconds). Machines are noisy: variants are interleaved and the best of
+``--repeat`` runs is kept for each, so a ratio compares like with like.
+
+1. Offload/reload of every accepted pool: ``get_cpu_copy`` / ``load_cpu_copy`` GB/s next to a raw
+   per-layer ``index_select`` into a freshly allocated host tensor / ``index_copy_`` back, over
+   tensors of exactly the snapshot's shapes and dtypes. Target >= 0.85x.
+2. Allocator: ``alloc(256)`` + ``free(256)`` cycles per second next to a naive torch free list
+   that slices on alloc and ``torch.cat``s on free. Target >= 3x.
+3. ``discover()`` next to bare pluggy ``load_setuptools_entrypoints`` of the same group.
+   Target <= 1.3x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pluggy
+import torch
+
+from kvcache_core import KVSnapshot, PoolConfig, discover, host_empty
+from kvcache_core import hookspecs as kv_hookspecs
+
+# ----------------------------------------------------------------------------------- helpers
+
+
+def best_of(fn: Callable[[], object], repeat: int) -> float:
+    """Fastest wall time of ``repeat`` runs (the least disturbed by other load)."""
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def interleaved(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
+    """Best time of each function, running them in turn so drifting load hits all alike."""
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
+
+
+def walk_parts(snapshot: KVSnapshot) -> Iterator[torch.Tensor]:
+    yield from snapshot.parts.values()
+    for child in snapshot.children.values():
+        if child is not None:
+            yield from walk_parts(child)
+
+
+# ------------------------------------------------------------------------------- 1. offload
+
+
+@dataclass
+class Case:
+    """One pool set up for offloading: what to offload and where to reload it."""
+
+    pool: Any
+    indices: torch.Tensor
+    new_indices: torch.Tensor
+    mamba_indices: torch.Tensor | None = None
+    new_mamba_indices: torch.Tensor | None = None
+
+
+def random_subset(slots: torch.Tensor, n: int, gen: torch.Generator) -> torch.Tensor:
+    return slots[torch.randperm(slots.numel(), generator=gen)[:n]]
+
+
+def token_case(pool: Any, allocator: Any, n: int, gen: torch.Generator) -> Case:
+    """Offload ``n`` random allocated slots; reload into ``n`` other allocated slots."""
+    slots = allocator.alloc(allocator.available_size() // allocator.page_size * allocator.page_size)
+    chosen = random_subset(slots, 2 * n, gen)
+    return Case(pool, chosen[:n], chosen[n:])
+
+
+SETUPS: dict[str, Callable[[Any, Any, int, torch.Generator], Case]] = {"mha": token_case}
+
+
+def configs(quick: bool) -> dict[str, PoolConfig]:
+    slots = 8192 if quick else 65536
+    layers, heads, dim = (4, 8, 128) if quick else (16, 8, 128)
+    common: dict[str, Any] = {"size": slots, "layer_num": layers, "dtype": torch.bfloat16}
+    return {"mha": PoolConfig(head_num=heads, head_dim=dim, **common)}
+
+
+class RawCopy:
+    """The baseline: per-layer index_select into a fresh host tensor, index_copy_ back."""
+
+    def __init__(self, snapshot: KVSnapshot, rows: int, gen: torch.Generator) -> None:
+        self.items: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        for part in walk_parts(snapshot):
+            if part.dim() < 2:
+                continue  # masks and the like: a few bytes
+            layers, n = part.shape[0], part.shape[1]
+            source = torch.zeros((layers, max(rows, n), *part.shape[2:]), dtype=part.dtype)
+            idx = torch.randperm(source.shape[1], generator=gen)[:n]
+            self.items.append((source, idx, part))
+
+    def gather(self) -> list[torch.Tensor]:
+        outs = []
+        for source, idx, part in self.items:
+            out = host_empty(part.shape, part.dtype, source.device)
+            for layer in range(source.shape[0]):
+                torch.index_select(source[layer], 0, idx, out=out[layer])
+            outs.append(out)
+        return outs
+
+    def scatter(self) -> None:
+        for source, idx, part in self.items:
+            for layer in range(source.shape[0]):
+                source[layer].index_copy_(0, idx, part[layer])
+
+
+def bench_offload(quick: bool, offload: int, repeat: int, only: set[str] | None) -> None:
+    print(f"== offload/reload: {offload} slots, best of {repeat}, {torch.get_num_threads()} threads")
+    registry = discover()
+    gen = torch.Generator().manual_seed(0)
+    for name, config in configs(quick).items():
+        if (only and name not in only) or name not in registry.accepted or name not in SETUPS:
+            continue
+        pool, allocator = registry.create(name, config)
+        case = SETUPS[name](pool, allocator, offload, gen)
+        snapshot = pool.get_cpu_copy(case.indices, mamba_indices=case.mamba_indices)
+        raw = RawCopy(snapshot, pool.size + pool.page_size, gen)
+        gb = snapshot.nbytes / 1e9
+        times = interleaved(
+            {
+                "get": lambda c=case: c.pool.get_cpu_copy(c.indices, mamba_indices=c.mamba_indices),
+                "raw_get": raw.gather,
+                "load": lambda c=case, s=snapshot: c.pool.load_cpu_copy(
+                    s, c.new_indices, mamba_indices=c.new_mamba_indices
+                ),
+                "raw_load": raw.scatter,
+            },
+            repeat,
+        )
+        for op, base in (("get", "raw_get"), ("load", "raw_load")):
+            ours, theirs = gb / times[op], gb / times[base]
+            label = "get_cpu_copy " if op == "get" else "load_cpu_copy"
+            print(
+                f"  {name:<9} {label} {ours:6.2f} GB/s   raw {theirs:6.2f} GB/s   "
+                f"ratio {ours / theirs:4.2f}x   ({snapshot.nbytes / 2**20:.0f} MiB)"
+            )
+        del pool, allocator, case, snapshot, raw
+
+
+# ----------------------------------------------------------------------------- 2. allocator
+
+
+class NaiveFreeList:
+    """The baseline: a tensor of free slots, sliced on alloc, concatenated on every free."""
+
+    def __init__(self, size: int) -> None:
+        self.free_slots = torch.arange(1, size + 1, dtype=torch.int64)
+
+    def alloc(self, n: int) -> torch.Tensor | None:
+        if n > self.free_slots.numel():
+            return None
+        out, self.free_slots = self.free_slots[:n], self.free_slots[n:]
+        return out
+
+    def free(self, indices: torch.Tensor) -> None:
+        self.free_slots = torch.cat((self.free_slots, indices))
+
+
+def bench_allocator(quick: bool, repeat: int) -> None:
+    from kvcache_plugins.allocators import PagedSlotAllocator
+    from kvcache_plugins.mha import MHATokenToKVPool
+
+    size, cycles, chunk = 65536, (2000 if quick else 20000), 256
+    pool = MHATokenToKVPool(8, 1, torch.float32, 1, 1, 1)
+    print(f"== allocator: alloc({chunk}) + free({chunk}), {size} slots, {cycles} cycles")
+    makers: dict[str, Callable[[], Any]] = {
+        "kvcache": lambda: PagedSlotAllocator(size, 1, pool),
+        "kvcache eager": lambda: PagedSlotAllocator(size, 1, pool, eager_checks=True),
+        "naive cat": lambda: NaiveFreeList(size),
+    }
+
+    def run(make: Callable[[], Any]) -> Callable[[], None]:
+        def cycle() -> None:
+            allocator = make()
+            for _ in range(cycles):
+                allocator.free(allocator.alloc(chunk))
+
+        return cycle
+
+    times = interleaved({name: run(make) for name, make in makers.items()}, repeat)
+    base = cycles / times["naive cat"]
+    for name in makers:
+        rate = cycles / times[name]
+        print(f"  {name:<14} {rate / 1e3:8.1f}k cycles/s   ratio {rate / base:5.2f}x")
+
+
+# ----------------------------------------------------------------------------- 3. discovery
+
+
+def bare_pluggy() -> None:
+    pm = pluggy.PluginManager(kv_hookspecs.PROJECT_NAME)
+    pm.add_hookspecs(kv_hookspecs)
+    pm.load_setuptools_entrypoints(kv_hookspecs.ENTRY_POINT_GROUP)
+    pm.hook.kvcache_pool_specs()
+
+
+def bench_discovery(repeat: int) -> None:
+    bare_pluggy()
+    discover()  # both warm: plugin modules imported once
+    times = interleaved({"discover": discover, "pluggy": bare_pluggy}, max(repeat, 20))
+    print("== discovery (warm, in-process)")
+    print(
+        f"  discover() {times['discover'] * 1e3:7.2f} ms   bare pluggy {times['pluggy'] * 1e3:7.2f} "
+        f"ms   ratio {times['discover'] / times['pluggy']:4.2f}x"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small shapes (seconds, < 1 GB)")
+    parser.add_argument("--offload", type=int, default=None, help="slots to offload")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--only", default="", help="comma list: pools, 'allocator', 'discovery'")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    only = {x for x in args.only.split(",") if x} or None
+    offload = args.offload or (1024 if args.quick else 4096)
+    bench_offload(args.quick, offload, args.repeat, only)
+    if not only or "allocator" in only:
+        bench_allocator(args.quick, args.repeat)
+    if not only or "discovery" in only:
+        bench_discovery(args.repeat)
+
+
+if __name__ == "__main__":
+    main()
