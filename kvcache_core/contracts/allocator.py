@@ -78,7 +78,14 @@ class PagedAllocator(TokenAllocator, Protocol):
 
 @runtime_checkable
 class SWAAllocator(TokenAllocator, Protocol):
-    """Allocates a full slot and a window slot together and owns the full->window table."""
+    """Allocates a full slot and a window slot together and owns the full->window table.
+
+    ``alloc`` and the paged calls return *full* slot ids and record their window slots in the
+    table; ``free_swa`` releases the window slots of tokens that left the window (entries go to
+    0) and ``free`` releases both sides. ``load_cpu_copy`` re-creates window slots for exactly
+    the tokens the snapshot marks, then has the pool write; it raises before changing anything
+    when the window side cannot supply them. ``backup_state`` covers both sides and the table.
+    """
 
     def full_available_size(self) -> int: ...
 
@@ -91,7 +98,11 @@ class SWAAllocator(TokenAllocator, Protocol):
 
 @runtime_checkable
 class MambaSlotAllocator(Protocol):
-    """Request-slot allocation for per-request recurrent state (slot 0 is padding)."""
+    """Request-slot allocation for per-request recurrent state (slot 0 is padding).
+
+    Free list ``1..size``; ``alloc`` is never partial (None when short); freeing slot 0, a free
+    slot or the same slot twice raises before anything changes.
+    """
 
     size: int
 

@@ -82,7 +82,13 @@ class OffloadablePool(KVPool, Protocol):
 
 @runtime_checkable
 class MLAPool(KVPool, Protocol):
-    """Latent (multi-head latent attention) access: one ``[nope | rope]`` row per token."""
+    """Latent (multi-head latent attention) access: one ``[nope | rope]`` row per token.
+
+    The key buffer of a layer is the whole latent, ``[rows, 1, kv_lora_rank + qk_rope_head_dim]``;
+    the value buffer is a view of its first ``kv_lora_rank`` columns (MLA has no separate V).
+    ``set_mla_kv_buffer`` takes the two halves and stores their concatenation;
+    ``get_mla_kv_buffer`` returns them split again, copied, in ``dst_dtype`` (default the pool's).
+    """
 
     kv_lora_rank: int
     qk_rope_head_dim: int
@@ -105,9 +111,15 @@ class MLAPool(KVPool, Protocol):
 
 @runtime_checkable
 class IndexerKeyPool(KVPool, Protocol):
-    """DSA's per-layer indexer keys and scales, stored by page of ``page_size`` tokens."""
+    """DSA's per-layer indexer keys and scales, stored by page of ``page_size`` tokens.
+
+    Slot ``s`` sits in page ``s // page_size`` at offset ``s % page_size``. Per token the pool
+    keeps an ``index_head_dim`` key in ``index_dtype`` (fp8 is stored as uint8) and one float32
+    scale; the setter and getter address tokens by slot, whatever the page layout.
+    """
 
     index_head_dim: int
+    index_dtype: torch.dtype
 
     def set_index_k_scale_buffer(
         self,
@@ -124,7 +136,16 @@ class IndexerKeyPool(KVPool, Protocol):
 
 @runtime_checkable
 class SlidingWindowPool(KVPool, Protocol):
-    """A full pool plus a window pool; full slots translate to window slots through a table."""
+    """A full pool plus a window pool; full slots translate to window slots through a table.
+
+    ``swa_layer_ids`` are global layer ids; every other layer is a full-attention layer. The
+    table (``[size + page_size + 1]`` int64, 0 = "no window slot", last entry -1 so that a
+    ``last_loc`` of -1 translates to -1) is owned by the allocator and registered here. Window
+    layers write at ``KVWriteLoc.swa_loc``, or at the translated ``loc`` when it is None. A
+    snapshot holds the full rows of every index and the window rows of the indices that still
+    had a window slot; loading needs those tokens to have window slots again (the allocator's
+    ``load_cpu_copy`` re-creates them).
+    """
 
     swa_layer_ids: tuple[int, ...]
 
@@ -135,7 +156,14 @@ class SlidingWindowPool(KVPool, Protocol):
 
 @runtime_checkable
 class MambaStatePool(Protocol):
-    """Per-request recurrent state, indexed by request slot (slot 0 is padding)."""
+    """Per-request recurrent state, indexed by request slot (slot 0 is padding).
+
+    ``mamba_layer_ids`` and ``get_mamba_state``'s ``layer_id`` are global layer ids; the state
+    is ``(conv states, temporal state)``, each ``[slots + 1, *shape]``. In ``get_cpu_copy`` and
+    ``load_cpu_copy`` the request slots travel as ``mamba_indices`` (``indices`` stay token
+    slots). A snapshot taken with ``mamba_indices=None`` carries no state and says so in its
+    meta; loading must then also pass None, and a snapshot with state needs ``mamba_indices``.
+    """
 
     mamba_layer_ids: tuple[int, ...]
 
@@ -148,7 +176,17 @@ class MambaStatePool(Protocol):
 
 @runtime_checkable
 class HiSparsePool(KVPool, Protocol):
-    """A large logical store of which a subset of slots is resident on the device."""
+    """A large logical store of which a subset of slots is resident on the device.
+
+    ``size`` counts *logical* slots: the ids allocators hand out and every ``loc``/``indices``
+    argument names. ``device_size`` counts device slots; the kernel-facing buffers
+    (``get_key_buffer`` ...) are indexed by device slot, found with ``translate_loc_to_device``
+    (-1 = not resident). The logical -> device table is owned by the allocator and registered
+    with the pool (``[size + page_size + 1]`` int64, last entry -1 so that -1 translates to -1).
+    ``load_to_device`` copies logical rows into device slots and records them in the table.
+    """
+
+    device_size: int
 
     def register_logical_to_device(self, logical_to_device: torch.Tensor) -> None: ...
 

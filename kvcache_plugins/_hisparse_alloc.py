@@ -1,0 +1,275 @@
+"""The HiSparse allocator: logical and device ``PagedSlotAllocator``s plus the table between.
+
+Residency is granted **by page**: a logical page is either not resident (its table entries are
+-1) or owns one device page, and slot ``lp * P + o`` maps to ``dp * P + o`` for every offset
+``o``. Keeping offsets and whole pages is what lets a request's partial last page keep filling on
+both sides, and lets a device page be freed without leaving a second owner pointing into it.
+The allocator's own truth is a host page table (no device sync to decide anything); every change
+is mirrored into the token-level device table the pool and kernels read.
+
+``alloc``, ``alloc_extend`` and ``alloc_decode`` return logical slots that are also resident (new
+tokens are written through to the device), or None, consuming nothing, unless both sides fit;
+``available_size`` is therefore the smaller side. The extras: ``alloc_logical_only``,
+``alloc_device`` (make already-allocated logical slots resident), ``free_device``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvcache_core import AllocatorError, HiSparsePool, KVPool, KVSnapshot, check_slots
+
+from .allocators import PagedSlotAllocator
+
+__all__ = ["HiSparseSlotAllocator", "empty_logical_to_device"]
+
+_CPU = torch.device("cpu")
+_STATE_TAG = "hisparse-slot-allocator"
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def empty_logical_to_device(rows: int, device: torch.device) -> torch.Tensor:
+    """A table for ``rows`` logical slots with nothing resident: all -1, but padding slot 0 maps
+    to device slot 0, and one trailing -1 so that translating -1 (no last slot) gives -1."""
+    table = torch.full((rows + 1,), -1, dtype=torch.int64, device=device)
+    table[0] = 0
+    return table
+
+
+class HiSparseSlotAllocator:
+    """Allocates logical slots of a :class:`HiSparsePool` and manages their device residency."""
+
+    def __init__(self, kvcache: HiSparsePool, device: torch.device | str | None = None) -> None:
+        self._kvcache = kvcache
+        self.size = kvcache.size
+        self.page_size = kvcache.page_size
+        self.device_size = kvcache.device_size
+        self.device = torch.device(device) if device is not None else kvcache.device
+        self._logical = PagedSlotAllocator(self.size, self.page_size, kvcache, self.device)
+        self._device = PagedSlotAllocator(self.device_size, self.page_size, kvcache, self.device)
+        self._offsets = torch.arange(self.page_size, dtype=torch.int64)
+        # Host truth: logical page -> device page (-1 = not resident); page 0 is padding.
+        self._page_map = torch.full((self.size // self.page_size + 1,), -1, dtype=torch.int64)
+        self._page_map[0] = 0
+        self.logical_to_device = empty_logical_to_device(self.size + self.page_size, kvcache.device)
+        self._group: list[torch.Tensor] | None = None
+        kvcache.register_logical_to_device(self.logical_to_device)
+
+    # -- sizes -----------------------------------------------------------------------------
+    def available_size(self) -> int:
+        """Tokens ``alloc`` can hand out now: new tokens need a logical and a device slot."""
+        return min(self._logical.available_size(), self._device.available_size())
+
+    def logical_available_size(self) -> int:
+        return self._logical.available_size()
+
+    def device_available_size(self) -> int:
+        return self._device.available_size()
+
+    def get_kvcache(self) -> KVPool:
+        return self._kvcache
+
+    def translate_loc_to_device(self, loc: torch.Tensor) -> torch.Tensor:
+        return self._kvcache.translate_loc_to_device(loc)
+
+    # -- residency bookkeeping --------------------------------------------------------------
+    def _slots_of(self, pages: torch.Tensor) -> torch.Tensor:
+        return (pages[:, None] * self.page_size + self._offsets).reshape(-1)
+
+    def _non_resident(self, pages: torch.Tensor) -> torch.Tensor:
+        pages = torch.unique(pages)
+        # Page 0 is padding; out-of-range pages are left for the logical allocator to reject.
+        pages = pages[(pages > 0) & (pages < self._page_map.numel())]
+        return pages[self._page_map[pages] < 0]
+
+    def _make_resident(self, pages: torch.Tensor) -> None:
+        """Give each logical page in ``pages`` (host, non-resident, unique) a device page.
+        Callers have checked that the device side has room."""
+        if pages.numel() == 0:
+            return
+        got = self._device.alloc(pages.numel() * self.page_size)
+        if got is None:  # pragma: no cover - callers check room first
+            raise AllocatorError("device side ran out of pages during a checked allocation")
+        dev_pages = got.to(_CPU)[:: self.page_size] // self.page_size
+        self._page_map[pages] = dev_pages
+        table = self.logical_to_device
+        table[self._slots_of(pages).to(table.device)] = self._slots_of(dev_pages).to(table.device)
+
+    def _device_room(self, pages: int) -> bool:
+        return pages * self.page_size <= self._device.available_size()
+
+    def _last_pages_needing_device(self, lasts: list[int], partial: list[bool]) -> int:
+        pages = [last // self.page_size for last, p in zip(lasts, partial, strict=True) if p]
+        if not pages:
+            return 0
+        return int(self._non_resident(torch.tensor(pages, dtype=torch.int64)).numel())
+
+    # -- allocation ------------------------------------------------------------------------
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        """``need_size`` logical slots (whole pages), resident; None unless both sides fit."""
+        if need_size % self.page_size == 0 and not self._device_room(need_size // self.page_size):
+            return None
+        slots = self._logical.alloc(need_size)  # validates need_size
+        if slots is not None:
+            self._make_resident(self._non_resident(slots.to(_CPU) // self.page_size))
+        return slots
+
+    def alloc_extend(
+        self,
+        prefix_lens: torch.Tensor,
+        seq_lens: torch.Tensor,
+        last_loc: torch.Tensor,
+        extend_num_tokens: int,
+    ) -> torch.Tensor | None:
+        """Extend each request on the logical side; new pages, and a partial last page that is
+        not resident, get device pages. None (nothing consumed) unless both sides fit."""
+        prefixes = [int(x) for x in prefix_lens.reshape(-1).tolist()]
+        seqs = [int(x) for x in seq_lens.reshape(-1).tolist()]
+        lasts = [int(x) for x in last_loc.reshape(-1).tolist()]
+        if not len(prefixes) == len(seqs) == len(lasts):
+            raise AllocatorError("prefix_lens, seq_lens and last_loc must have the same length")
+        P = self.page_size
+        new_pages = sum(
+            max(0, _ceil_div(s, P) - _ceil_div(p, P)) for p, s in zip(prefixes, seqs, strict=True)
+        )
+        partial = [p % P != 0 and s > p for p, s in zip(prefixes, seqs, strict=True)]
+        if not self._device_room(new_pages + self._last_pages_needing_device(lasts, partial)):
+            return None
+        slots = self._logical.alloc_extend(prefix_lens, seq_lens, last_loc, extend_num_tokens)
+        if slots is not None:
+            self._make_resident(self._non_resident(slots.to(_CPU) // P))
+        return slots
+
+    def alloc_decode(self, seq_lens: torch.Tensor, last_loc: torch.Tensor) -> torch.Tensor | None:
+        """One logical slot per request (``seq_lens`` include it), resident."""
+        seqs = [int(x) for x in seq_lens.reshape(-1).tolist()]
+        lasts = [int(x) for x in last_loc.reshape(-1).tolist()]
+        if len(seqs) != len(lasts):
+            raise AllocatorError("seq_lens and last_loc must have the same length")
+        fresh = [(s - 1) % self.page_size == 0 for s in seqs]
+        continuing = [not f for f in fresh]
+        if not self._device_room(sum(fresh) + self._last_pages_needing_device(lasts, continuing)):
+            return None
+        slots = self._logical.alloc_decode(seq_lens, last_loc)
+        if slots is not None:
+            self._make_resident(self._non_resident(slots.to(_CPU) // self.page_size))
+        return slots
+
+    def alloc_logical_only(self, need_size: int) -> torch.Tensor | None:
+        """``need_size`` logical slots with no device residency (e.g. for reloaded history)."""
+        return self._logical.alloc(need_size)
+
+    def alloc_device(self, logical: torch.Tensor) -> torch.Tensor | None:
+        """Make already-allocated logical slots resident (by page) and return their device
+        slots, or None (nothing consumed) if the device lacks pages. Copy the data with
+        ``pool.load_to_device(logical, <these slots>)``."""
+        slots = check_slots(logical, limit=self.size + self.page_size, name="logical")
+        pages = self._non_resident(slots.to(_CPU) // self.page_size)
+        if not self._device_room(pages.numel()):
+            return None
+        self._make_resident(pages)
+        return self.logical_to_device[slots.to(self.logical_to_device.device)]
+
+    def free_device(self, logical: torch.Tensor) -> None:
+        """Drop the device residency of the pages holding ``logical``; the logical slots stay
+        allocated and their content stays in the logical store."""
+        slots = check_slots(logical, limit=self.size + self.page_size, name="logical")
+        pages = torch.unique(slots.to(_CPU) // self.page_size)
+        pages = pages[(pages > 0) & (self._page_map[pages] >= 0)]
+        if pages.numel() == 0:
+            return
+        self._device.free(self._slots_of(self._page_map[pages]).to(self.device))
+        self._page_map[pages] = -1
+        table = self.logical_to_device
+        table[self._slots_of(pages).to(table.device)] = -1
+
+    def free(self, indices: torch.Tensor) -> None:
+        """Free logical slots (their whole pages) and the device pages those pages held.
+
+        Unlike the plain allocator this reads the ids at once (a device sync when they live on
+        an accelerator): residency has to be dropped now, before the pages can be reused. Range
+        and slot 0 are checked here; double frees surface from the logical allocator's batch
+        check, as for any paged allocator.
+        """
+        if self._group is not None:
+            self._group.append(indices)
+            return
+        slots = check_slots(indices, limit=self.size + self.page_size, name="indices")
+        if slots.numel() == 0:
+            return
+        self._logical.free(slots)
+        self.free_device(slots)
+
+    def check_frees(self) -> None:
+        """Check queued frees of both sides now, raising on a bad one."""
+        self._logical.check_frees()
+        self._device.check_frees()
+
+    def free_group_begin(self) -> None:
+        if self._group is not None:
+            raise AllocatorError("free_group_begin called twice without free_group_end")
+        self._group = []
+
+    def free_group_end(self) -> None:
+        group, self._group = self._group, None
+        if group is None:
+            raise AllocatorError("free_group_end called without free_group_begin")
+        if group:
+            self.free(torch.cat([g.reshape(-1).to(_CPU, torch.int64) for g in group]))
+
+    # -- state -----------------------------------------------------------------------------
+    def backup_state(self) -> object:
+        return (
+            _STATE_TAG,
+            id(self),
+            self._logical.backup_state(),
+            self._device.backup_state(),
+            self._page_map.clone(),
+        )
+
+    def restore_state(self, state: object) -> None:
+        if not (
+            isinstance(state, tuple) and len(state) == 5 and state[:2] == (_STATE_TAG, id(self))
+        ):
+            raise AllocatorError("restore_state got a state this allocator did not back up")
+        self._logical.restore_state(state[2])
+        self._device.restore_state(state[3])
+        self._page_map.copy_(state[4])
+        self._group = None
+        self._rebuild_table()
+
+    def clear(self) -> None:
+        """Free every logical and device slot but the reserved page 0; nothing stays resident."""
+        self._logical.clear()
+        self._device.clear()
+        self._group = None
+        self._page_map.fill_(-1)
+        self._page_map[0] = 0
+        self._rebuild_table()
+
+    def _rebuild_table(self) -> None:
+        """Rewrite the device table from the host page table (in place: the pool holds it)."""
+        table = self.logical_to_device
+        table.fill_(-1)
+        table[0] = 0
+        pages = (self._page_map[1:] >= 0).nonzero().reshape(-1) + 1
+        if pages.numel():
+            slots = self._slots_of(pages).to(table.device)
+            table[slots] = self._slots_of(self._page_map[pages]).to(table.device)
+
+    # -- offload pass-through (every argument forwarded, by keyword) ------------------------
+    def get_cpu_copy(
+        self, indices: torch.Tensor, mamba_indices: torch.Tensor | None = None
+    ) -> KVSnapshot:
+        return self._logical.get_cpu_copy(indices, mamba_indices=mamba_indices)
+
+    def load_cpu_copy(
+        self,
+        snapshot: KVSnapshot,
+        indices: torch.Tensor,
+        mamba_indices: torch.Tensor | None = None,
+    ) -> None:
+        self._logical.load_cpu_copy(snapshot, indices, mamba_indices=mamba_indices)

@@ -1,0 +1,340 @@
+"""The SWA allocator: a full slot and a window slot per token, and the table between them.
+
+It composes two :class:`PagedSlotAllocator`s (full side, window side) and owns the
+``full_to_swa`` table, which it registers with the pool. It always returns *full* slot ids;
+``mapping[full]`` is the token's window slot, 0 once the token left the window (``free_swa``).
+
+Reload is the allocator's job, not the pool's: only the allocator can hand out window slots, and
+after ``alloc(n)`` every new token has one, although only the tokens that had one at offload
+time (the snapshot's mask) should. ``load_cpu_copy`` therefore makes the mapping match the mask
+exactly (gives masked tokens without a window slot one, takes it from unmasked tokens) and only
+then lets the pool write. A shortage of window slots raises before anything changes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvcache_core import AllocatorError, DoubleFreeError, KVPool, KVSnapshot, check_slots
+
+from ._swa_pool import SWAKVPool
+from .allocators import PagedSlotAllocator
+
+__all__ = ["SWASlotAllocator"]
+
+
+def _ceil_div(a: torch.Tensor, b: int) -> torch.Tensor:
+    return torch.div(a + b - 1, b, rounding_mode="floor")
+
+
+class SWASlotAllocator:
+    """Allocates full and window slots together; both sides are paged by ``page_size``.
+
+    ``size`` and ``available_size()`` are the smaller side's (what a request can count on);
+    :meth:`full_available_size` and :meth:`swa_available_size` report each side.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        swa_size: int,
+        page_size: int,
+        kvcache: SWAKVPool,
+        device: torch.device | str | None = None,
+    ) -> None:
+        self.page_size = page_size
+        self.device = torch.device(device) if device is not None else kvcache.device
+        self.full_size = size
+        self.swa_size = swa_size
+        self.size = min(size, swa_size)
+        self._kvcache = kvcache
+        self.full_attn_allocator = PagedSlotAllocator(
+            size, page_size, kvcache.full_pool, self.device
+        )
+        self.swa_attn_allocator = PagedSlotAllocator(
+            swa_size, page_size, kvcache.swa_pool, self.device
+        )
+        # Lives with the pool's buffers: window layers translate through it on every write.
+        self.full_to_swa_index_mapping = torch.zeros(
+            size + page_size + 1, dtype=torch.int64, device=kvcache.device
+        )
+        self.full_to_swa_index_mapping[-1] = -1
+        kvcache.register_mapping(self.full_to_swa_index_mapping)
+        self._group: list[torch.Tensor] | None = None
+
+    # -- sizes --------------------------------------------------------------------------------
+    def available_size(self) -> int:
+        return min(self.full_available_size(), self.swa_available_size())
+
+    def full_available_size(self) -> int:
+        return self.full_attn_allocator.available_size()
+
+    def swa_available_size(self) -> int:
+        return self.swa_attn_allocator.available_size()
+
+    # -- the table ----------------------------------------------------------------------------
+    def _record(self, full: torch.Tensor, swa: torch.Tensor) -> None:
+        mapping = self.full_to_swa_index_mapping
+        mapping[full.to(mapping.device)] = swa.to(mapping.device)
+
+    def translate_loc_from_full_to_swa(self, kv_indices: torch.Tensor) -> torch.Tensor:
+        """Window slots of full slots (0: none; -1, an absent ``last_loc``, stays -1)."""
+        mapping = self.full_to_swa_index_mapping
+        return mapping[kv_indices.to(mapping.device)]
+
+    def set_full_to_swa_mapping(
+        self, full_indices: torch.Tensor, swa_indices: torch.Tensor
+    ) -> None:
+        """Record pairs whose window slots were obtained elsewhere (e.g. a cache loading back)."""
+        full = check_slots(full_indices, limit=self.full_size + self.page_size, name="full_indices")
+        swa = check_slots(swa_indices, limit=self.swa_size + self.page_size, name="swa_indices")
+        if full.numel() != swa.numel():
+            raise AllocatorError(f"{full.numel()} full slots for {swa.numel()} window slots")
+        self._record(full, swa)
+
+    # -- allocation ---------------------------------------------------------------------------
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        """``need_size`` full slots, each with a window slot; None (taking nothing) if short."""
+        if need_size < 0 or need_size % self.page_size:
+            raise AllocatorError(
+                f"need_size must be a non-negative multiple of page_size {self.page_size}, "
+                f"got {need_size}"
+            )
+        if need_size > self.available_size():
+            return None
+        full = self.full_attn_allocator.alloc(need_size)
+        swa = self.swa_attn_allocator.alloc(need_size)
+        if full is None or swa is None:  # pragma: no cover - excluded by the size check
+            raise AllocatorError("allocator sizes changed during alloc")
+        self._record(full, swa)
+        return full
+
+    def _translate_last(self, last_loc: torch.Tensor) -> torch.Tensor:
+        last = last_loc.reshape(-1).to(torch.int64)
+        rows = self.full_size + self.page_size
+        if last.numel() and bool(((last < -1) | (last >= rows)).any()):
+            raise AllocatorError(f"last_loc values must be -1 or a slot in [1, {rows})")
+        return self.translate_loc_from_full_to_swa(last)
+
+    def _pages_free(self) -> int:
+        return min(self.full_available_size(), self.swa_available_size()) // self.page_size
+
+    def _undo_new_pages(
+        self, side: PagedSlotAllocator, out: torch.Tensor, last_loc: torch.Tensor
+    ) -> None:
+        """Give back the pages a paged call took fresh (not those continuing a last page)."""
+        pages = torch.div(out, self.page_size, rounding_mode="floor")
+        continued = last_loc[last_loc >= 0].to(out.device) // self.page_size
+        fresh = out[~torch.isin(pages, continued)]
+        if fresh.numel():
+            side.free(fresh)
+
+    def alloc_extend(
+        self,
+        prefix_lens: torch.Tensor,
+        seq_lens: torch.Tensor,
+        last_loc: torch.Tensor,
+        extend_num_tokens: int,
+    ) -> torch.Tensor | None:
+        """Extend each request on both sides (window ``last_loc`` is translated).
+
+        Both sides need the same ``ceil(seq/P) - ceil(prefix/P)`` new pages; if either is short
+        nothing is taken and None is returned.
+        """
+        P = self.page_size
+        need = int((_ceil_div(seq_lens.long(), P) - _ceil_div(prefix_lens.long(), P)).sum())
+        if need > self._pages_free():
+            return None
+        swa_last = self._translate_last(last_loc)
+        # The window side first: its last_loc (a translated one) is the likelier to be invalid.
+        swa = self.swa_attn_allocator.alloc_extend(
+            prefix_lens, seq_lens, swa_last, extend_num_tokens
+        )
+        if swa is None:
+            return None
+        try:
+            full = self.full_attn_allocator.alloc_extend(
+                prefix_lens, seq_lens, last_loc, extend_num_tokens
+            )
+        except Exception:
+            self._undo_new_pages(self.swa_attn_allocator, swa, swa_last)
+            raise
+        if full is None:
+            self._undo_new_pages(self.swa_attn_allocator, swa, swa_last)
+            return None
+        self._record(full, swa)
+        return full
+
+    def alloc_decode(self, seq_lens: torch.Tensor, last_loc: torch.Tensor) -> torch.Tensor | None:
+        """One full and one window slot per request; None (taking nothing) if either is short."""
+        need = int(((seq_lens.long() - 1) % self.page_size == 0).sum())
+        if need > self._pages_free():
+            return None
+        swa_last = self._translate_last(last_loc)
+        swa = self.swa_attn_allocator.alloc_decode(seq_lens, swa_last)
+        if swa is None:
+            return None
+        try:
+            full = self.full_attn_allocator.alloc_decode(seq_lens, last_loc)
+        except Exception:
+            self._undo_new_pages(self.swa_attn_allocator, swa, swa_last)
+            raise
+        if full is None:
+            self._undo_new_pages(self.swa_attn_allocator, swa, swa_last)
+            return None
+        self._record(full, swa)
+        return full
+
+    # -- freeing ------------------------------------------------------------------------------
+    def free_swa(self, indices: torch.Tensor) -> None:
+        """Release the window slots of tokens that left the window; their full slots stay.
+
+        Paged: the whole pages of ``indices`` lose their window slots (a window page is only
+        ever shared by the tokens of one full page). Mapping entries become 0.
+        """
+        mapping = self.full_to_swa_index_mapping
+        slots = check_slots(indices, limit=self.full_size + self.page_size, device=mapping.device)
+        if slots.numel() == 0:
+            return
+        P = self.page_size
+        if P > 1:
+            pages = torch.unique(torch.div(slots, P, rounding_mode="floor"))
+            slots = (pages[:, None] * P + torch.arange(P, device=slots.device)).reshape(-1)
+        window = mapping[slots]
+        held = window > 0
+        if bool(held.any()):
+            self.swa_attn_allocator.free(window[held])
+            mapping[slots[held]] = 0
+
+    def free(self, indices: torch.Tensor) -> None:
+        """Release full slots and, with them, any window slots they still hold.
+
+        The slots are range-checked here (the window side must read the table at them); a
+        double free of a full slot surfaces when the full side checks its queued frees.
+        """
+        if self._group is not None:
+            self._group.append(indices)
+            return
+        slots = check_slots(
+            indices,
+            limit=self.full_size + self.page_size,
+            allow_zero=True,
+            device=self.full_to_swa_index_mapping.device,
+        )
+        if slots.numel() == 0:
+            return
+        if bool((slots == 0).any()):
+            raise DoubleFreeError("slot 0 is reserved and is never allocated")
+        self.full_attn_allocator.free(indices)
+        self.free_swa(slots)
+
+    def free_group_begin(self) -> None:
+        if self._group is not None:
+            raise AllocatorError("free_group_begin called twice without free_group_end")
+        self._group = []
+
+    def free_group_end(self) -> None:
+        group, self._group = self._group, None
+        if group is None:
+            raise AllocatorError("free_group_end called without free_group_begin")
+        if group:
+            self.free(torch.cat([g.reshape(-1).to(torch.int64) for g in group]))
+
+    # -- state --------------------------------------------------------------------------------
+    def backup_state(self) -> object:
+        """Both free lists and the table: restore undoes every alloc, free and free_swa since."""
+        return (
+            "swa-slot-allocator",
+            id(self),
+            self.full_attn_allocator.backup_state(),
+            self.swa_attn_allocator.backup_state(),
+            self.full_to_swa_index_mapping.clone(),
+        )
+
+    def restore_state(self, state: object) -> None:
+        if not (
+            isinstance(state, tuple)
+            and len(state) == 5
+            and state[0] == "swa-slot-allocator"
+            and state[1] == id(self)
+        ):
+            raise AllocatorError("restore_state got a state this allocator did not back up")
+        self.full_attn_allocator.restore_state(state[2])
+        self.swa_attn_allocator.restore_state(state[3])
+        self.full_to_swa_index_mapping.copy_(state[4])
+
+    def clear(self) -> None:
+        """Free every slot on both sides; the table goes back to all 0 and the trailing -1."""
+        self._group = None
+        self.full_attn_allocator.clear()
+        self.swa_attn_allocator.clear()
+        self.full_to_swa_index_mapping.zero_()
+        self.full_to_swa_index_mapping[-1] = -1
+
+    def get_kvcache(self) -> KVPool:
+        return self._kvcache
+
+    # -- offload ------------------------------------------------------------------------------
+    def get_cpu_copy(
+        self, indices: torch.Tensor, mamba_indices: torch.Tensor | None = None
+    ) -> KVSnapshot:
+        return self._kvcache.get_cpu_copy(indices, mamba_indices=mamba_indices)
+
+    def load_cpu_copy(
+        self,
+        snapshot: KVSnapshot,
+        indices: torch.Tensor,
+        mamba_indices: torch.Tensor | None = None,
+    ) -> None:
+        """Reload into new full slots ``indices`` (from ``alloc``), re-creating window slots.
+
+        Afterwards exactly the tokens the snapshot's mask marks have a window slot: masked
+        tokens without one get one, unmasked tokens that got one from ``alloc`` give it back.
+        Checked before anything changes: the snapshot (as the pool checks it) and the window
+        capacity (:class:`AllocatorError` when the window side cannot cover the masked tokens).
+        """
+        checked = self._kvcache.check_cpu_copy(snapshot, indices)
+        self._match_window_slots(checked.slots, checked.mask)
+        self._kvcache.load_cpu_copy(snapshot, indices, mamba_indices=mamba_indices)
+
+    def _match_window_slots(self, slots: torch.Tensor, mask: torch.Tensor) -> None:
+        """Make ``mapping[slots] > 0`` equal ``mask``, page by page; all-or-nothing."""
+        mapping = self.full_to_swa_index_mapping
+        if slots.numel() == 0:
+            return
+        dev, P = mapping.device, self.page_size
+        slots, mask = slots.to(dev), mask.to(dev)
+        pages, inv = torch.unique(torch.div(slots, P, rounding_mode="floor"), return_inverse=True)
+        col = slots % P
+        before = mapping[pages[:, None] * P + torch.arange(P, device=dev)]  # [pages, P]
+        held = before > 0
+        has_page = held.any(1)
+        window_page = torch.where(held, before // P, -1).amax(1)
+        lowest = torch.where(held, before // P, window_page[:, None]).amin(1)
+        if bool((lowest != window_page).any()):
+            raise AllocatorError("a full page's tokens map to different window pages")
+        current = before[inv, col]
+        after = before.clone()
+        after[inv, col] = torch.where(mask, current, 0)
+        needs_slot = mask & (current <= 0)
+        needs_page = torch.zeros_like(has_page)
+        needs_page[inv[needs_slot]] = True
+        fresh = needs_page & ~has_page
+        release = has_page & ~needs_page & ~(after > 0).any(1)
+        short = int(fresh.sum()) * P - self.swa_available_size() - int(release.sum()) * P
+        if short > 0:
+            raise AllocatorError(
+                f"reloading needs {int(fresh.sum()) * P} window slots but only "
+                f"{self.swa_available_size() + int(release.sum()) * P} can be freed up; "
+                "nothing was changed (free window slots with free_swa, or retry later)"
+            )
+        if bool(release.any()):
+            self.swa_attn_allocator.free(window_page[release] * P)
+        if bool(fresh.any()):
+            got = self.swa_attn_allocator.alloc(int(fresh.sum()) * P)
+            if got is None:  # pragma: no cover - excluded by the capacity check
+                raise AllocatorError("window allocator refused a checked allocation")
+            window_page[fresh] = got.to(dev).reshape(-1, P)[:, 0] // P
+        mapping[slots] = torch.where(
+            mask, torch.where(current > 0, current, window_page[inv] * P + col), 0
+        )
