@@ -62,17 +62,23 @@ def compare_signatures(
     has_var_pos = any(p.kind is ParamKind.VAR_POSITIONAL for p in impl.params)
     impl_positional = [p for p in impl.params if p.positional]
 
+    renamed: set[str] = set()
     for index, want in enumerate(contract.params):
         if want.kind in (ParamKind.VAR_POSITIONAL, ParamKind.VAR_KEYWORD):
             continue
         got = impl.get(want.name)
         if got is None:
-            _missing(add, want, index, impl_positional, contract_names, has_var_kw, has_var_pos)
+            other = _missing(
+                add, want, index, impl_positional, contract_names, has_var_kw, has_var_pos
+            )
+            if other is not None:
+                renamed.add(other)
             continue
         _compare_param(add, want, index, got, impl)
 
     for extra in impl.params:
-        if extra.name not in contract_names and extra.required:
+        # A renamed parameter is reported once, as renamed, not again as an extra one.
+        if extra.name not in contract_names and extra.name not in renamed and extra.required:
             add(
                 "extra-required-parameter",
                 extra.name,
@@ -100,7 +106,9 @@ def _missing(
     contract_names: set[str],
     has_var_kw: bool,
     has_var_pos: bool,
-) -> None:
+) -> str | None:
+    """Report a contract parameter the implementation lacks; return the name it was renamed
+    to, if that is what happened."""
     if want.positional and index < len(impl_positional):
         other = impl_positional[index]
         if other.name not in contract_names:
@@ -111,7 +119,7 @@ def _missing(
                 f"`{want.name}=` by keyword get a TypeError",
                 f"rename `{other.name}` to `{want.render()}`",
             )
-            return
+            return other.name
     if has_var_kw and want.kind is not ParamKind.POSITIONAL_ONLY:
         emit(
             "kwargs-hides-parameter",
@@ -120,9 +128,9 @@ def _missing(
             "instead of forwarded",
             f"declare `{want.render()}` explicitly and pass it on",
         )
-        return
+        return None
     if has_var_pos and want.kind is ParamKind.POSITIONAL_ONLY:
-        return
+        return None
     emit(
         "missing-parameter",
         want.name,
@@ -130,6 +138,7 @@ def _missing(
         "`TypeError: unexpected keyword argument`",
         f"add `{want.render()}`",
     )
+    return None
 
 
 def _compare_param(emit: _Emit, want: Param, index: int, got: Param, impl: MethodSig) -> None:

@@ -76,6 +76,21 @@ _ALL = [
     Rule("behaviour-failed", Severity.ERROR, "a behavioural check failed"),
     Rule("load-error", Severity.ERROR, "the target could not be loaded or parsed"),
     Rule("unused-suppression", Severity.WARNING, "a suppression matched no finding"),
+    Rule(
+        "writeloc-not-unwrapped",
+        Severity.ERROR,
+        "a write path indexes with `loc` before unwrapping a possible KVWriteLoc",
+    ),
+    Rule(
+        "unaccepted-keyword",
+        Severity.ERROR,
+        "a call site passes a keyword that some implementer of the method does not accept",
+    ),
+    Rule(
+        "unresolved-base",
+        Severity.WARNING,
+        "a base class could not be found without importing it; inherited members are unchecked",
+    ),
 ]
 
 RULES: dict[str, Rule] = {r.id: r for r in _ALL}

@@ -1,20 +1,43 @@
 """The runtime signature level: compare ``inspect.signature`` of a class's methods with the
 contract Protocol's. Discovery runs exactly this at engine start-up (it is cheap: no instance
 is built, nothing is called).
+
+With ``body_checks`` (the checker turns them on, discovery leaves them off to stay fast) the
+source of each method is read back with ``inspect.getsource`` and given the same body checks as
+the source level: not-implemented, parameter-not-forwarded, writeloc-not-unwrapped.
 """
 
 from __future__ import annotations
 
+import ast
+import importlib
 import inspect
+import os
+import sys
+import textwrap
+import time
+import traceback
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
 
-from ..contracts.history import change_note
 from ..contracts.spec import CONTRACT_VERSION
-from .compare import compare_signatures
-from .introspect import protocol_methods
-from .model import Finding, Location
+from ._checks import (
+    contract_methods,
+    method_findings,
+    missing_method,
+    outcome_for,
+    protocol_by_name,
+    split_by_protocol,
+)
+from ._sources import module_name_for
+from .model import CheckResult, Finding, Location, Outcome
 from .signature_model import sig_from_callable
+from .target import ClassTarget
 
-__all__ = ["class_location", "signature_findings"]
+__all__ = ["LEVEL", "class_location", "import_target", "run", "signature_findings"]
+
+LEVEL = "signature"
 
 
 def class_location(cls: type) -> Location | None:
@@ -31,31 +54,62 @@ def _defining_class(cls: type, name: str) -> type | None:
     return next((k for k in cls.__mro__ if name in vars(k)), None)
 
 
+def _function_ast(
+    func: Callable[..., object],
+) -> tuple[ast.FunctionDef | ast.AsyncFunctionDef, str | None, int] | None:
+    """The ``def`` of a live function re-parsed from its source, with its file and offset."""
+    try:
+        lines, start = inspect.getsourcelines(func)
+        path = inspect.getsourcefile(func)
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+    except (OSError, TypeError, SyntaxError, IndentationError):
+        return None
+    node = tree.body[0] if tree.body else None
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    return node, path, start - 1
+
+
 def signature_findings(
-    cls: type, protocol: type, *, contract_version: int = CONTRACT_VERSION
+    cls: type,
+    protocol: type,
+    *,
+    contract_version: int = CONTRACT_VERSION,
+    methods: Collection[str] | None = None,
+    body_checks: bool = False,
 ) -> list[Finding]:
     """Every signature finding of ``cls`` against ``protocol`` (methods only).
 
     Inherited methods are looked up along the MRO, and findings point at the class that really
-    defines the method, which is where the fix has to go.
+    defines the method, which is where the fix has to go. ``methods`` restricts the check to
+    some of the Protocol's methods.
     """
     target = f"{cls.__module__}.{cls.__qualname__}"
     findings: list[Finding] = []
-    for name, contract in protocol_methods(protocol).items():
+    for name, contract in contract_methods(protocol, contract_version).items():
+        if methods is not None and name not in methods:
+            continue
         owner = _defining_class(cls, name)
         if owner is None or owner is object:
             findings.append(
-                Finding(
-                    rule="missing-method",
-                    message=f"{protocol.__name__} requires `{contract.render()}`; "
-                    f"{cls.__qualname__} does not define it",
+                missing_method(
+                    contract,
+                    protocol=protocol.__name__,
                     target=target,
-                    method=name,
-                    hint=f"def {contract.render()}: ...",
-                    contract_location=Location(contract.path, contract.line)
-                    if contract.path
-                    else None,
-                    impl_location=class_location(cls),
+                    class_name=cls.__qualname__,
+                    where=class_location(cls),
+                )
+            )
+            continue
+        if getattr(owner, "_is_protocol", False):
+            findings.append(
+                missing_method(
+                    contract,
+                    protocol=protocol.__name__,
+                    target=target,
+                    class_name=cls.__qualname__,
+                    where=class_location(cls),
+                    why=f"only inherits the Protocol stub from {owner.__qualname__}",
                 )
             )
             continue
@@ -63,13 +117,13 @@ def signature_findings(
         func = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
         if not callable(func):
             findings.append(
-                Finding(
-                    rule="missing-method",
-                    message=f"`{name}` on {owner.__qualname__} is not a method",
+                missing_method(
+                    contract,
+                    protocol=protocol.__name__,
                     target=target,
-                    method=name,
-                    hint=f"def {contract.render()}: ...",
-                    impl_location=class_location(owner),
+                    class_name=cls.__qualname__,
+                    where=class_location(owner),
+                    why=f"has `{name}` (on {owner.__qualname__}), but it is not a method",
                 )
             )
             continue
@@ -82,13 +136,121 @@ def signature_findings(
                     message=f"cannot read the signature of `{name}`: {exc}",
                     target=target,
                     method=name,
+                    impl_location=class_location(owner),
                 )
             )
             continue
-        found = compare_signatures(contract, impl, target=target)
-        if any(f.is_error for f in found):
-            note = change_note(name, impl, contract_version)
-            if note:
-                found = compare_signatures(contract, impl, target=target, note=note)
-        findings.extend(found)
+        parsed = _function_ast(inspect.unwrap(func)) if body_checks else None
+        findings += method_findings(
+            contract,
+            impl,
+            parsed[0] if parsed else None,
+            protocol=protocol.__name__,
+            target=target,
+            owner=None if owner is cls else owner.__qualname__,
+            contract_version=contract_version,
+            path=parsed[1] if parsed else None,
+            line_offset=parsed[2] if parsed else 0,
+        )
     return findings
+
+
+@contextmanager
+def _import_root(path: str | None) -> Iterator[None]:
+    """Put the import root of ``path`` first on ``sys.path`` while importing, then restore."""
+    if not path:
+        yield
+        return
+    root = module_name_for(path)[1]
+    added = root not in sys.path
+    if added:
+        sys.path.insert(0, root)
+    try:
+        yield
+    finally:
+        if added and root in sys.path:
+            sys.path.remove(root)
+
+
+def _summarise(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def import_target(target: ClassTarget) -> type | str:
+    """Import the class ``target`` names; on failure, a one-line reason."""
+    module_name = target.module
+    if module_name is None and target.path:
+        module_name = module_name_for(target.path)[0]
+    if module_name is None:
+        return f"{target.name}: no module to import"
+    try:
+        with _import_root(target.path):
+            module = importlib.import_module(module_name)
+    except BaseException as exc:  # a plugin's import may raise anything, even SystemExit
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        return f"importing {module_name} failed: {_summarise(exc)}"
+    if target.path and getattr(module, "__file__", None):
+        loaded = os.path.realpath(str(module.__file__))
+        if loaded != os.path.realpath(target.path):
+            return (
+                f"importing {module_name} loaded {loaded}, not {target.path} "
+                "(another module of that name comes first on sys.path)"
+            )
+    obj: object = module
+    for part in target.class_name.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return f"module {module_name} has no class {target.class_name!r}"
+    if not isinstance(obj, type):
+        return f"{module_name}.{target.class_name} is a {type(obj).__name__}, not a class"
+    return obj
+
+
+def run(
+    targets: Sequence[ClassTarget], *, contract_version: int = CONTRACT_VERSION
+) -> list[CheckResult]:
+    """One result per (target, Protocol); a target that cannot be imported is an ERROR."""
+    results: list[CheckResult] = []
+    for target in targets:
+        started = time.perf_counter()
+        cls = import_target(target)
+        if isinstance(cls, str):
+            finding = Finding(
+                rule="load-error",
+                message=cls,
+                target=target.name,
+                hint="make the module importable here (install its dependencies), or use "
+                "`--level source`, which never imports",
+                impl_location=Location(target.path) if target.path else None,
+            )
+            results.append(CheckResult(target.name, LEVEL, Outcome.ERROR, (finding,), detail=cls))
+            continue
+        for protocol, methods, _ in split_by_protocol(target.protocols):
+            found = signature_findings(
+                cls,
+                protocol_by_name(protocol),
+                contract_version=contract_version,
+                methods=methods,
+                body_checks=True,
+            )
+            # Targets are named by the runner; keep the name consistent across levels.
+            findings = tuple(_renamed(f, target.name) for f in found)
+            now = time.perf_counter()
+            results.append(
+                CheckResult(
+                    target=target.name,
+                    check=f"{LEVEL}:{protocol}",
+                    outcome=outcome_for(findings),
+                    findings=findings,
+                    duration_s=now - started,
+                )
+            )
+            started = now
+    return results
+
+
+def _renamed(finding: Finding, target: str) -> Finding:
+    return finding if finding.target == target else replace(finding, target=target)

@@ -9,8 +9,16 @@ import enum
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 
-__all__ = ["MethodSig", "Param", "ParamKind", "normalize_annotation", "sig_from_callable"]
+__all__ = [
+    "MethodSig",
+    "Param",
+    "ParamKind",
+    "normalize_annotation",
+    "sig_from_ast",
+    "sig_from_callable",
+]
 
 
 class ParamKind(str, enum.Enum):
@@ -139,12 +147,13 @@ def _norm(node: ast.expr) -> str:
         return f"{name}[{', '.join(_norm(e) for e in elts)}]"
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         try:
-            return _norm(ast.parse(node.value, mode="eval").body)
+            return _norm(_strip_module(ast.parse(node.value, mode="eval").body))
         except SyntaxError:
             return node.value
     return ast.unparse(node)
 
 
+@lru_cache(maxsize=4096)
 def normalize_annotation(text: str | None) -> str | None:
     """Canonical text of an annotation, so ``Optional[torch.Tensor]`` equals ``Tensor | None``."""
     if text is None:
@@ -170,6 +179,15 @@ def _default_text(default: object) -> str | None:
     return repr(default)
 
 
+def _def_line(lines: list[str], first: int) -> int:
+    """The line of ``def`` itself, past any decorators, so both levels point at one line."""
+    for offset, text in enumerate(lines):
+        stripped = text.lstrip()
+        if stripped.startswith(("def ", "async def ")):
+            return first + offset
+    return first
+
+
 def sig_from_callable(name: str, func: Callable[..., object], *, bound: bool = False) -> MethodSig:
     """Describe a function or method taken from a class (``self`` is dropped unless ``bound``)."""
     sig = inspect.signature(func)
@@ -189,7 +207,7 @@ def sig_from_callable(name: str, func: Callable[..., object], *, bound: bool = F
     try:
         target = inspect.unwrap(func)
         path = inspect.getsourcefile(target)
-        line = inspect.getsourcelines(target)[1]
+        line = _def_line(*inspect.getsourcelines(target))
     except (OSError, TypeError):
         path, line = None, None
     return MethodSig(
@@ -206,4 +224,64 @@ def sig_from_callable(name: str, func: Callable[..., object], *, bound: bool = F
         returns=_annotation_text(sig.return_annotation),
         path=path,
         line=line,
+    )
+
+
+def _decorator_names(node: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    names: set[str] = set()
+    for dec in node.decorator_list:
+        target = dec.func if isinstance(dec, ast.Call) else dec
+        if isinstance(target, ast.Name):
+            names.add(target.id)
+        elif isinstance(target, ast.Attribute):
+            names.add(target.attr)
+    return names
+
+
+def _ast_text(node: ast.expr | None) -> str | None:
+    return None if node is None else ast.unparse(node)
+
+
+def sig_from_ast(
+    node: ast.FunctionDef | ast.AsyncFunctionDef,
+    *,
+    path: str | None = None,
+    line_offset: int = 0,
+) -> MethodSig:
+    """Describe a method from its ``def`` alone, without importing or running anything.
+
+    The result matches :func:`sig_from_callable` on the same method: ``self`` (or ``cls``) is
+    dropped unless the method is a ``staticmethod``; defaults and annotations are their source
+    text. ``line_offset`` shifts ``node.lineno`` when the node was parsed from an extract.
+    """
+    a = node.args
+    positional = [(p, ParamKind.POSITIONAL_ONLY) for p in a.posonlyargs] + [
+        (p, ParamKind.POSITIONAL_OR_KEYWORD) for p in a.args
+    ]
+    # Defaults align with the *last* positional parameters.
+    first_default = len(positional) - len(a.defaults)
+    params: list[Param] = []
+    for i, (arg, kind) in enumerate(positional):
+        default = a.defaults[i - first_default] if i >= first_default else None
+        params.append(Param(arg.arg, kind, _ast_text(default), _ast_text(arg.annotation)))
+    if a.vararg is not None:
+        params.append(
+            Param(a.vararg.arg, ParamKind.VAR_POSITIONAL, None, _ast_text(a.vararg.annotation))
+        )
+    for arg, kw_default in zip(a.kwonlyargs, a.kw_defaults, strict=True):
+        params.append(
+            Param(arg.arg, ParamKind.KEYWORD_ONLY, _ast_text(kw_default), _ast_text(arg.annotation))
+        )
+    if a.kwarg is not None:
+        params.append(
+            Param(a.kwarg.arg, ParamKind.VAR_KEYWORD, None, _ast_text(a.kwarg.annotation))
+        )
+    if "staticmethod" not in _decorator_names(node) and params and params[0].positional:
+        params = params[1:]
+    return MethodSig(
+        name=node.name,
+        params=tuple(params),
+        returns=_ast_text(node.returns),
+        path=path,
+        line=node.lineno + line_offset,
     )

@@ -1,0 +1,84 @@
+"""``kvcache check [TARGET ...]``: check plugins, classes or source trees against the contract.
+
+Targets: installed plugin names (none = every installed plugin), ``module:Class``, or paths
+(a ``.py`` file or a directory: every class defined under it). Exit codes: 0 clean, 1 error
+findings, 2 usage or internal error (including a level that could not run).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..conformance._sources import SourceIndex
+from ..conformance.resolve import UsageError, parse_protocols, resolve_targets
+from ..conformance.runner import (
+    ALL_LEVELS,
+    DEFAULT_LEVELS,
+    active_rules,
+    check_contract_version,
+    parse_levels,
+    run_levels,
+)
+from ..contracts.spec import CONTRACT_VERSION
+from ._output import add_output_options, finish, load_config, usage_error
+
+__all__ = ["register", "run"]
+
+
+def register(sub: Any) -> None:
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "check",
+        help="check pool plugins, classes or source trees against the kvcache contract",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "targets",
+        nargs="*",
+        metavar="TARGET",
+        help="plugin name, module:Class, or a path (.py file or directory); "
+        "default: every installed plugin",
+    )
+    parser.add_argument(
+        "--against",
+        action="append",
+        metavar="PROTOCOL[,...]",
+        help="protocols to check paths and module:Class targets against "
+        "(default: inferred from the methods each class defines)",
+    )
+    parser.add_argument(
+        "--level",
+        action="append",
+        metavar="LEVEL[,...]",
+        help=f"levels to run, of {', '.join(ALL_LEVELS)} (default: {','.join(DEFAULT_LEVELS)})",
+    )
+    parser.add_argument(
+        "--contract-version",
+        type=int,
+        default=CONTRACT_VERSION,
+        metavar="N",
+        help=f"contract version to check against (default: {CONTRACT_VERSION})",
+    )
+    add_output_options(parser)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        levels = parse_levels(args.level)
+        against = parse_protocols(args.against)
+        version = check_contract_version(args.contract_version)
+        configured = load_config(args)
+        index = SourceIndex()
+        targets, results = resolve_targets(args.targets, against=against, index=index)
+        results += run_levels(targets, levels, contract_version=version, index=index)
+        return finish(
+            args,
+            results,
+            configured=configured,
+            scanned=[t.path or "" for t in targets],
+            active_rules=active_rules(levels),
+        )
+    except UsageError as exc:
+        return usage_error("check", str(exc))

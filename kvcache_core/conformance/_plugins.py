@@ -1,0 +1,122 @@
+"""Installed plugins as check targets: every pool and allocator class of every spec.
+
+Discovery would drop a drifted spec (that is its job); the checker must see it to say what is
+wrong. So this loads each entry point in isolation, calls its hook through discovery's own
+loader, and keeps every spec, valid or not. A plugin that fails to import or register becomes a
+load-error result, never an exception.
+"""
+
+from __future__ import annotations
+
+import inspect
+import traceback
+from collections.abc import Sequence
+from importlib import metadata
+
+import pluggy
+
+from .. import hookspecs
+from ..contracts.spec import CAPABILITY_PROTOCOLS, PoolSpec
+from ..discovery import PluginInfo, _load_plugin
+from .model import CheckResult, Finding, Outcome
+from .target import ClassTarget
+
+__all__ = ["entry_point_names", "plugin_targets"]
+
+
+def _entry_points() -> list[metadata.EntryPoint]:
+    return sorted(metadata.entry_points(group=hookspecs.ENTRY_POINT_GROUP), key=lambda ep: ep.name)
+
+
+def entry_point_names() -> list[str]:
+    return [ep.name for ep in _entry_points()]
+
+
+def _summarise(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def _load_failed(plugin: str, reason: str) -> CheckResult:
+    finding = Finding(
+        rule="load-error",
+        message=f"plugin {plugin!r}: {reason}",
+        target=f"plugin:{plugin}",
+        hint="fix the plugin so that it imports and its kvcache_pool_specs() hook returns "
+        "a list of PoolSpec",
+    )
+    return CheckResult(f"plugin:{plugin}", "load", Outcome.ERROR, (finding,), detail=reason)
+
+
+def _class_target(cls: type, protocols: list[str], plugin: str, pool: str) -> ClassTarget:
+    try:
+        path = inspect.getsourcefile(cls)
+    except (OSError, TypeError):
+        path = None
+    return ClassTarget(
+        name=f"{cls.__module__}.{cls.__qualname__}",
+        class_name=cls.__qualname__,
+        protocols=tuple(protocols),
+        path=path,
+        module=cls.__module__,
+        plugin=plugin,
+        pool=pool,
+    )
+
+
+def spec_targets(spec: PoolSpec, plugin: str) -> list[ClassTarget]:
+    """The pool class and the allocator class of ``spec``, with the Protocols it declares."""
+    pool = ["KVPool"]
+    allocator = ["TokenAllocator"]
+    for capability in sorted(spec.capabilities):
+        role, proto = CAPABILITY_PROTOCOLS[capability]
+        (pool if role == "pool" else allocator).append(proto.__name__)
+    return [
+        _class_target(spec.pool_class, pool, plugin, spec.name),
+        _class_target(spec.allocator_class, allocator, plugin, spec.name),
+    ]
+
+
+def plugin_targets(
+    names: Sequence[str] | None = None,
+) -> tuple[list[ClassTarget], list[CheckResult]]:
+    """Targets of the named installed plugins (all when ``names`` is None), and load errors.
+
+    Raises ``LookupError`` naming the installed plugins when a name is not one of them.
+    """
+    available = {ep.name: ep for ep in _entry_points()}
+    if names is not None:
+        unknown = [n for n in names if n not in available]
+        if unknown:
+            raise LookupError(
+                f"no installed kvcache plugin named {', '.join(map(repr, unknown))}; "
+                f"installed: {', '.join(sorted(available)) or 'none'}"
+            )
+    chosen = [available[n] for n in names] if names is not None else list(available.values())
+    targets: list[ClassTarget] = []
+    errors: list[CheckResult] = []
+    for ep in chosen:
+        dist = getattr(ep, "dist", None)
+        info = PluginInfo(ep.name, ep.value, dist.metadata["Name"] if dist else None)
+        try:
+            obj = ep.load()
+        except BaseException as exc:  # a plugin's import may raise anything, even SystemExit
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            errors.append(_load_failed(ep.name, f"import failed: {_summarise(exc)}"))
+            continue
+        pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+        pm.add_hookspecs(hookspecs)
+        specs, reason = _load_plugin(pm, info, obj)
+        if reason is not None:
+            errors.append(_load_failed(ep.name, reason))
+            continue
+        for spec in specs:
+            if not isinstance(spec, PoolSpec):
+                errors.append(
+                    _load_failed(ep.name, f"hook returned {type(spec).__name__}, not PoolSpec")
+                )
+                continue
+            targets.extend(spec_targets(spec, ep.name))
+    return targets, errors

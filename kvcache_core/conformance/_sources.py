@@ -1,0 +1,545 @@
+"""Python source read as classes and imports, never imported or executed.
+
+Why: the source level must be safe on untrusted code and must work where a plugin's GPU-only
+dependencies are missing. So this module finds files by walking directories (and, for packages
+outside the given tree, by asking import machinery only *where* a top-level package lives, which
+runs none of its code), parses them with ``ast`` and resolves a base class by following the
+import statements that bind its name, module by module, the way Python would at run time.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import importlib.util
+import os
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from functools import cached_property
+
+__all__ = [
+    "ClassSource",
+    "ExternalBase",
+    "ModuleSource",
+    "SourceIndex",
+    "module_name_for",
+    "python_files",
+]
+
+FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
+
+#: Top-level packages never parsed: they define no kvcache contract member, and reading them
+#: (torch is megabytes of source) would only cost time.
+_OPAQUE = frozenset({"torch", "numpy", "typing_extensions", "triton", "mypy_extensions"})
+
+#: Directories a tree walk never enters.
+_SKIP_DIRS = frozenset(
+    {"__pycache__", ".git", ".hg", ".tox", ".nox", ".venv", "venv", "node_modules", "build"}
+)
+
+_MAX_HOPS = 16  # re-export chains longer than this are treated as unresolvable
+
+
+def python_files(path: str) -> list[str]:
+    """``path`` itself if it is a file, else every ``.py`` file under it, sorted."""
+    if os.path.isfile(path):
+        return [os.path.abspath(path)]
+    found: list[str] = []
+    for root, dirs, files in os.walk(path):
+        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith("."))
+        found.extend(os.path.abspath(os.path.join(root, f)) for f in files if f.endswith(".py"))
+    return sorted(found)
+
+
+def module_name_for(path: str) -> tuple[str, str]:
+    """``(dotted module name, import root)`` of a file, from the ``__init__.py`` files above it."""
+    path = os.path.abspath(path)
+    directory, filename = os.path.split(path)
+    parts = [] if filename == "__init__.py" else [filename[:-3]]
+    while os.path.isfile(os.path.join(directory, "__init__.py")):
+        directory, package = os.path.split(directory)
+        parts.insert(0, package)
+    return ".".join(parts) or filename[:-3], directory
+
+
+@dataclass(frozen=True)
+class ImportRef:
+    """What an ``import`` binds a local name to: a module, or one name inside a module."""
+
+    module: str
+    attr: str | None = None
+
+
+@dataclass(frozen=True)
+class ExternalBase:
+    """A base class not read from source.
+
+    ``known`` is True for classes of the standard library and of opaque packages (torch, ...),
+    which are known to define no contract member; False when the class could not be found.
+    """
+
+    name: str
+    known: bool
+
+    @property
+    def qualname(self) -> str:
+        return self.name
+
+
+def _first_arg(node: FunctionNode) -> str | None:
+    args = node.args.posonlyargs + node.args.args
+    return args[0].arg if args else None
+
+
+def _self_attributes(method: FunctionNode) -> Iterator[str]:
+    """Names assigned as ``self.X`` (or set through ``setattr(self, "X", ...)``) in a method."""
+    me = _first_arg(method)
+    if me is None:
+        return
+    for node in ast.walk(method):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+            targets = [node.target]
+        elif (
+            isinstance(node, ast.Call)
+            and len(node.args) >= 2
+            and isinstance(node.args[0], ast.Name)
+            and node.args[0].id == me
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+            and (
+                (isinstance(node.func, ast.Name) and node.func.id == "setattr")
+                or (isinstance(node.func, ast.Attribute) and node.func.attr == "__setattr__")
+            )
+        ):
+            yield node.args[1].value
+        for target in targets:
+            for sub in ast.walk(target):
+                if (
+                    isinstance(sub, ast.Attribute)
+                    and isinstance(sub.value, ast.Name)
+                    and sub.value.id == me
+                ):
+                    yield sub.attr
+
+
+@dataclass(eq=False)
+class ClassSource:
+    """One class statement at module level, as written."""
+
+    name: str
+    module: ModuleSource
+    node: ast.ClassDef
+
+    @property
+    def qualname(self) -> str:
+        return f"{self.module.name}.{self.name}"
+
+    @property
+    def path(self) -> str:
+        return self.module.path
+
+    @property
+    def line(self) -> int:
+        return self.node.lineno
+
+    @cached_property
+    def methods(self) -> dict[str, FunctionNode]:
+        """Functions defined in the class body; a later ``def`` wins, as at run time."""
+        out: dict[str, FunctionNode] = {}
+        for stmt in _flatten(self.node.body):
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                out[stmt.name] = stmt
+        return out
+
+    @cached_property
+    def class_assignments(self) -> dict[str, ast.stmt]:
+        """Names bound in the class body by assignment (``x = ...``, ``x: int``)."""
+        out: dict[str, ast.stmt] = {}
+        for stmt in _flatten(self.node.body):
+            if isinstance(stmt, ast.Assign):
+                for target in stmt.targets:
+                    for sub in ast.walk(target):
+                        if isinstance(sub, ast.Name):
+                            out[sub.id] = stmt
+            elif isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+                out[stmt.target.id] = stmt
+        return out
+
+    @cached_property
+    def attributes(self) -> frozenset[str]:
+        """Every data member this class body defines: class-level names and ``self.X``."""
+        names = set(self.class_assignments) | set(self.methods)
+        for method in self.methods.values():
+            names.update(_self_attributes(method))
+        return frozenset(names)
+
+    @cached_property
+    def base_texts(self) -> tuple[str, ...]:
+        return tuple(ast.unparse(b) for b in self.node.bases)
+
+    @property
+    def is_protocol(self) -> bool:
+        return any(t.split("[")[0].split(".")[-1] == "Protocol" for t in self.base_texts)
+
+    @property
+    def is_abstract(self) -> bool:
+        """Declared abstract (``ABC`` base, ``ABCMeta``, ``@abstractmethod``): never served."""
+        if any(t.split(".")[-1] == "ABC" for t in self.base_texts):
+            return True
+        if any(
+            kw.arg == "metaclass" and ast.unparse(kw.value).split(".")[-1] == "ABCMeta"
+            for kw in self.node.keywords
+        ):
+            return True
+        return any(
+            (d.id if isinstance(d, ast.Name) else d.attr if isinstance(d, ast.Attribute) else "")
+            == "abstractmethod"
+            for m in self.methods.values()
+            for d in m.decorator_list
+        )
+
+
+def _flatten(body: Iterable[ast.stmt]) -> Iterator[ast.stmt]:
+    """Statements of a body, descending into ``if``/``try``/``with`` (not into defs)."""
+    for stmt in body:
+        yield stmt
+        if isinstance(stmt, ast.If):
+            yield from _flatten(stmt.body)
+            yield from _flatten(stmt.orelse)
+        elif isinstance(stmt, ast.Try):
+            yield from _flatten(stmt.body)
+            for handler in stmt.handlers:
+                yield from _flatten(handler.body)
+            yield from _flatten(stmt.orelse)
+            yield from _flatten(stmt.finalbody)
+        elif isinstance(stmt, (ast.With, ast.AsyncWith)):
+            yield from _flatten(stmt.body)
+
+
+@dataclass(eq=False)
+class ModuleSource:
+    """One parsed file: its classes and the names its imports bind."""
+
+    name: str
+    path: str
+    is_package: bool
+    tree: ast.Module
+    source: str
+    classes: dict[str, ClassSource] = field(default_factory=dict)
+    imports: dict[str, ImportRef] = field(default_factory=dict)
+    aliases: dict[str, ast.expr] = field(default_factory=dict)
+    star_imports: list[str] = field(default_factory=list)
+
+    def absolute(self, module: str | None, level: int) -> str:
+        """The absolute name of ``from <level dots><module> import ...`` in this module."""
+        if level == 0:
+            return module or ""
+        package = self.name.split(".") if self.is_package else self.name.split(".")[:-1]
+        if level > 1:
+            package = package[: len(package) - (level - 1)]
+        return ".".join([*package, module] if module else package)
+
+    def index(self) -> None:
+        # Import bindings win over assignments, so `try: from gpu import X / except: X = None`
+        # resolves to the real class, which is what runs where the plugin is deployed.
+        assigned: dict[str, ast.expr] = {}
+        for stmt in _flatten(self.tree.body):
+            if isinstance(stmt, ast.ClassDef):
+                self.classes[stmt.name] = ClassSource(stmt.name, self, stmt)
+            elif isinstance(stmt, ast.Import):
+                for alias in stmt.names:
+                    if alias.asname:
+                        self.imports[alias.asname] = ImportRef(alias.name)
+                    else:
+                        top = alias.name.split(".")[0]
+                        self.imports.setdefault(top, ImportRef(top))
+            elif isinstance(stmt, ast.ImportFrom):
+                base = self.absolute(stmt.module, stmt.level)
+                for alias in stmt.names:
+                    if alias.name == "*":
+                        self.star_imports.append(base)
+                    else:
+                        self.imports[alias.asname or alias.name] = ImportRef(base, alias.name)
+            elif (
+                isinstance(stmt, ast.Assign)
+                and len(stmt.targets) == 1
+                and isinstance(stmt.targets[0], ast.Name)
+            ):
+                assigned.setdefault(stmt.targets[0].id, stmt.value)
+        for name, value in assigned.items():
+            if name not in self.imports and name not in self.classes:
+                self.aliases[name] = value
+
+
+def parse_module(path: str, name: str | None = None) -> ModuleSource:
+    """Parse one file (raises ``OSError``/``SyntaxError``/``UnicodeDecodeError``)."""
+    path = os.path.abspath(path)
+    with open(path, "rb") as fh:
+        raw = fh.read()
+    source = raw.decode("utf-8-sig")
+    tree = ast.parse(source, filename=path)
+    module = ModuleSource(
+        name=name or module_name_for(path)[0],
+        path=path,
+        is_package=os.path.basename(path) == "__init__.py",
+        tree=tree,
+        source=source,
+    )
+    module.index()
+    return module
+
+
+Resolved = ClassSource | ExternalBase
+
+
+class SourceIndex:
+    """Modules read from given roots (and located lazily elsewhere), with class resolution.
+
+    ``roots`` are import roots: ``pkg.mod`` is looked for as ``<root>/pkg/mod.py`` or
+    ``<root>/pkg/mod/__init__.py``. With ``external`` on, a module under no root is located
+    through ``importlib.util.find_spec`` of its *top-level* package only, which imports nothing.
+    """
+
+    def __init__(self, roots: Iterable[str] = (), *, external: bool = True) -> None:
+        self.roots: list[str] = []
+        for root in roots:
+            self.add_root(root)
+        self.external = external
+        self.modules: dict[str, ModuleSource] = {}
+        self.errors: dict[str, str] = {}
+        self._missing: set[str] = set()
+        self._mro: dict[int, list[Resolved]] = {}
+
+    def add_root(self, root: str) -> None:
+        root = os.path.abspath(root)
+        if root not in self.roots:
+            self.roots.append(root)
+
+    # -- loading -----------------------------------------------------------------------------
+    def load_file(self, path: str) -> ModuleSource:
+        """Parse ``path`` (once) under the module name its package layout gives it."""
+        name, root = module_name_for(path)
+        self.add_root(root)
+        known = self.modules.get(name)
+        if known is not None and known.path == os.path.abspath(path):
+            return known
+        module = parse_module(path, name)
+        self.modules[name] = module
+        return module
+
+    def _locate(self, name: str) -> str | None:
+        rel = name.replace(".", os.sep)
+        for root in self.roots:
+            for candidate in (
+                os.path.join(root, rel + ".py"),
+                os.path.join(root, rel, "__init__.py"),
+            ):
+                if os.path.isfile(candidate):
+                    return candidate
+        if not self.external:
+            return None
+        top, _, rest = name.partition(".")
+        if top in sys.stdlib_module_names or top in _OPAQUE or top in sys.builtin_module_names:
+            return None
+        try:
+            spec = importlib.util.find_spec(top)  # a top-level name: nothing is executed
+        except (ImportError, ValueError, AttributeError):
+            return None
+        if spec is None:
+            return None
+        locations = list(spec.submodule_search_locations or [])
+        if not rest:
+            if locations:
+                init = os.path.join(locations[0], "__init__.py")
+                return init if os.path.isfile(init) else None
+            origin = spec.origin or ""
+            return origin if origin.endswith(".py") and os.path.isfile(origin) else None
+        sub = rest.replace(".", os.sep)
+        for base in locations:
+            for candidate in (
+                os.path.join(base, sub + ".py"),
+                os.path.join(base, sub, "__init__.py"),
+            ):
+                if os.path.isfile(candidate):
+                    return candidate
+        return None
+
+    def module(self, name: str) -> ModuleSource | None:
+        """The module ``name``, parsed on first use; None when it cannot be found or read."""
+        if name in self.modules:
+            return self.modules[name]
+        if name in self._missing:
+            return None
+        path = self._locate(name)
+        if path is None:
+            self._missing.add(name)
+            return None
+        try:
+            module = parse_module(path, name)
+        except (OSError, SyntaxError, UnicodeDecodeError, ValueError) as exc:
+            self.errors[name] = f"{type(exc).__name__}: {exc}"
+            self._missing.add(name)
+            return None
+        self.modules[name] = module
+        return module
+
+    def is_opaque(self, module_name: str) -> bool:
+        top = module_name.split(".")[0]
+        return top in sys.stdlib_module_names or top in _OPAQUE or top in sys.builtin_module_names
+
+    # -- resolution --------------------------------------------------------------------------
+    def resolve_name(self, module: ModuleSource, name: str, hops: int = 0) -> Resolved | None:
+        """What ``name`` denotes at the top level of ``module`` (None: a module or unknown)."""
+        if hops > _MAX_HOPS:
+            return ExternalBase(f"{module.name}.{name}", known=False)
+        if name in module.classes:
+            return module.classes[name]
+        ref = module.imports.get(name)
+        if ref is not None:
+            if ref.attr is None:
+                return None  # a module object, not a class
+            return self.resolve_attr(ref.module, ref.attr, hops + 1)
+        alias = module.aliases.get(name)
+        if alias is not None:
+            return self.resolve_expr(module, alias, hops + 1)
+        for star in module.star_imports:
+            target = self.module(star)
+            if target is not None and name in (
+                *target.classes,
+                *target.imports,
+                *target.aliases,
+            ):
+                return self.resolve_name(target, name, hops + 1)
+        if hasattr(builtins, name):
+            return ExternalBase(name, known=True)
+        return None
+
+    def resolve_attr(self, module_name: str, attr: str, hops: int = 0) -> Resolved | None:
+        """The class ``module_name.attr``, following re-exports."""
+        if self.is_opaque(module_name):
+            return ExternalBase(f"{module_name}.{attr}", known=True)
+        module = self.module(module_name)
+        if module is None:
+            return ExternalBase(f"{module_name}.{attr}", known=False)
+        found = self.resolve_name(module, attr, hops)
+        if found is None and self.module(f"{module_name}.{attr}") is None:
+            return ExternalBase(f"{module_name}.{attr}", known=False)
+        return found
+
+    def _module_of(self, module: ModuleSource, expr: ast.expr) -> str | None:
+        """The absolute module name an expression like ``pkg.sub`` denotes, if it is one."""
+        if isinstance(expr, ast.Name):
+            ref = module.imports.get(expr.id)
+            if ref is None:
+                return None
+            if ref.attr is None:
+                return ref.module
+            candidate = f"{ref.module}.{ref.attr}"
+            return candidate if self.is_opaque(candidate) or self.module(candidate) else None
+        if isinstance(expr, ast.Attribute):
+            parent = self._module_of(module, expr.value)
+            return f"{parent}.{expr.attr}" if parent is not None else None
+        return None
+
+    def resolve_expr(self, module: ModuleSource, expr: ast.expr, hops: int = 0) -> Resolved | None:
+        """The class a base-class expression denotes (``Base``, ``mod.Base``, ``Base[T]``)."""
+        if isinstance(expr, ast.Subscript):
+            return self.resolve_expr(module, expr.value, hops)
+        if isinstance(expr, ast.Name):
+            found = self.resolve_name(module, expr.id, hops)
+            return found if found is not None else ExternalBase(expr.id, known=False)
+        if isinstance(expr, ast.Attribute):
+            owner = self._module_of(module, expr.value)
+            if owner is not None:
+                return self.resolve_attr(owner, expr.attr, hops + 1)
+            return ExternalBase(ast.unparse(expr), known=False)
+        return ExternalBase(ast.unparse(expr), known=False)
+
+    def bases(self, cls: ClassSource) -> list[Resolved]:
+        return [
+            self.resolve_expr(cls.module, b) or ExternalBase(ast.unparse(b), known=False)
+            for b in cls.node.bases
+        ]
+
+    def mro(self, cls: ClassSource) -> list[Resolved]:
+        """C3 linearisation over what could be resolved; unresolved bases are leaves."""
+        return self._linearize(cls, ())
+
+    def _linearize(self, cls: ClassSource, stack: tuple[int, ...]) -> list[Resolved]:
+        key = id(cls)
+        if key in self._mro:
+            return self._mro[key]
+        if key in stack:  # an inheritance cycle (broken code): stop here
+            return [cls]
+        bases = self.bases(cls)
+        seqs: list[list[Resolved]] = []
+        for base in bases:
+            if isinstance(base, ClassSource):
+                seqs.append(list(self._linearize(base, (*stack, key))))
+            else:
+                seqs.append([base])
+        seqs.append(list(bases))
+        result = [cls, *_merge(seqs)]
+        self._mro[key] = result
+        return result
+
+    # -- queries -----------------------------------------------------------------------------
+    def find_method(self, cls: ClassSource, name: str) -> tuple[ClassSource, FunctionNode] | None:
+        """The class along the MRO that really defines ``name``, and its ``def``."""
+        for klass in self.mro(cls):
+            if isinstance(klass, ClassSource) and name in klass.methods:
+                return klass, klass.methods[name]
+        return None
+
+    def unknown_bases(self, cls: ClassSource) -> list[ExternalBase]:
+        return [k for k in self.mro(cls) if isinstance(k, ExternalBase) and not k.known]
+
+    def has_attribute(self, cls: ClassSource, name: str) -> bool:
+        for klass in self.mro(cls):
+            if (
+                isinstance(klass, ClassSource)
+                and not klass.is_protocol  # a Protocol's `size: int` declares, never defines
+                and (name in klass.attributes or "__getattr__" in klass.methods)
+            ):
+                return True
+        return False
+
+    def subclasses_of(self, root: ClassSource) -> list[ClassSource]:
+        """Classes of the loaded modules that have ``root`` in their MRO (``root`` included)."""
+        return [
+            cls
+            for module in list(self.modules.values())
+            for cls in module.classes.values()
+            if any(k is root for k in self.mro(cls))
+        ]
+
+
+def _merge(seqs: list[list[Resolved]]) -> list[Resolved]:
+    """C3 merge; on an inconsistent hierarchy, falls back to depth-first, left to right."""
+    pending = [list(s) for s in seqs if s]
+    out: list[Resolved] = []
+
+    def key(x: Resolved) -> object:
+        return x.name if isinstance(x, ExternalBase) else id(x)
+
+    while pending:
+        for seq in pending:
+            head = seq[0]
+            if not any(key(head) in {key(x) for x in s[1:]} for s in pending):
+                break
+        else:
+            seen = {key(x) for x in out}
+            for seq in pending:
+                for item in seq:
+                    if key(item) not in seen:
+                        seen.add(key(item))
+                        out.append(item)
+            return out
+        out.append(head)
+        pending = [[x for x in s if key(x) != key(head)] for s in pending]
+        pending = [s for s in pending if s]
+    return out

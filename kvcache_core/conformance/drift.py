@@ -1,0 +1,343 @@
+"""Drift inside a source tree, with no contract at all.
+
+Engines grew pool hierarchies whose subclasses quietly narrowed an inherited method (a DSA pool
+overriding offload without ``mamba_indices``), and call sites that pass a keyword only some
+implementers accept. Both are visible from source alone:
+
+* every class overriding one of ``methods`` is compared with the nearest ancestor that defines
+  it, which plays the contract (``compare_signatures``, the one comparison every level uses);
+* every call ``<expr>.<method>(..., kw=...)`` is checked against every class of the tree that
+  implements ``method``: if one of them does not accept ``kw``, an object of that class raises
+  ``TypeError`` at that call.
+
+Receivers are not typed, so a call site is checked against all implementers in scope; narrow
+the scope with ``root`` (only the hierarchy under one class). Nothing is imported.
+"""
+
+from __future__ import annotations
+
+import ast
+import bisect
+import os
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ._checks import outcome_for
+from ._sources import ClassSource, ModuleSource, SourceIndex, module_name_for, python_files
+from .compare import compare_signatures
+from .model import CheckResult, Finding, Location, Outcome
+from .resolve import UsageError
+from .signature_model import MethodSig, ParamKind, sig_from_ast
+
+__all__ = ["DEFAULT_METHODS", "DRIFT_RULES", "analyze"]
+
+DEFAULT_METHODS: tuple[str, ...] = ("get_cpu_copy", "load_cpu_copy", "set_kv_buffer")
+
+#: Every rule this analysis can report.
+DRIFT_RULES = frozenset(
+    {
+        "missing-parameter",
+        "extra-required-parameter",
+        "renamed-parameter",
+        "parameter-kind-changed",
+        "parameter-order-changed",
+        "became-required",
+        "default-changed",
+        "kwargs-hides-parameter",
+        "annotation-mismatch",
+        "return-mismatch",
+        "unaccepted-keyword",
+        "load-error",
+    }
+)
+
+
+@dataclass(frozen=True)
+class _Impl:
+    cls: ClassSource
+    sig: MethodSig
+
+    @property
+    def label(self) -> str:
+        return f"{self.cls.name}.{self.sig.name}"
+
+    @property
+    def where(self) -> str:
+        return f"{os.path.basename(self.sig.path or self.cls.path)}:{self.sig.line}"
+
+    def accepts(self, keyword: str) -> bool:
+        return any(
+            (p.name == keyword and p.kind is not ParamKind.POSITIONAL_ONLY)
+            or p.kind is ParamKind.VAR_KEYWORD
+            for p in self.sig.params
+        )
+
+
+def _load(paths: Sequence[str], index: SourceIndex) -> tuple[list[ModuleSource], list[CheckResult]]:
+    files: list[str] = []
+    for path in paths:
+        found = python_files(path)
+        if not found:
+            raise UsageError(f"no Python files at {path}")
+        files += found
+    for path in files:
+        index.add_root(module_name_for(path)[1])
+    modules: list[ModuleSource] = []
+    errors: list[CheckResult] = []
+    for path in dict.fromkeys(files):
+        try:
+            modules.append(index.load_file(path))
+        except (OSError, SyntaxError, UnicodeDecodeError, ValueError) as exc:
+            line = getattr(exc, "lineno", None)
+            message = f"cannot parse {path}: {type(exc).__name__}: {exc}"
+            finding = Finding(
+                rule="load-error",
+                message=message,
+                target=path,
+                hint="fix the syntax error; nothing in this file was checked",
+                impl_location=Location(path, line if isinstance(line, int) else None),
+            )
+            errors.append(CheckResult(path, "drift", Outcome.ERROR, (finding,), detail=message))
+    return modules, errors
+
+
+def _scope(index: SourceIndex, classes: list[ClassSource], root: str | None) -> list[ClassSource]:
+    if root is None:
+        return classes
+    roots = [c for c in classes if root in (c.name, c.qualname)]
+    if not roots:
+        raise UsageError(f"--root {root}: no class of that name in the given paths")
+    return [c for c in classes if any(k is r for r in roots for k in index.mro(c))]
+
+
+def _nearest_definer(index: SourceIndex, cls: ClassSource, name: str) -> ClassSource | None:
+    """The nearest ancestor of ``cls`` (itself excluded) that defines ``name``."""
+    return next(
+        (k for k in index.mro(cls)[1:] if isinstance(k, ClassSource) and name in k.methods),
+        None,
+    )
+
+
+def _override_findings(index: SourceIndex, cls: ClassSource, impl: MethodSig) -> list[Finding]:
+    ancestor = _nearest_definer(index, cls, impl.name)
+    if ancestor is None:
+        return []
+    base = sig_from_ast(ancestor.methods[impl.name], path=ancestor.path)
+    return compare_signatures(
+        base,
+        impl,
+        target=cls.qualname,
+        note=f"{cls.name} overrides {ancestor.qualname}, whose signature is the contract here",
+    )
+
+
+@dataclass(frozen=True)
+class _CallSite:
+    where: str  # qualname of the enclosing function (or module)
+    cls: ClassSource | None  # the enclosing class, for super() calls
+    call: ast.Call
+
+
+_COMPOUND = (
+    ast.If,
+    ast.For,
+    ast.AsyncFor,
+    ast.While,
+    ast.With,
+    ast.AsyncWith,
+    ast.Try,
+    ast.ClassDef,
+    ast.FunctionDef,
+    ast.AsyncFunctionDef,
+)
+
+
+def _scopes(
+    module: ModuleSource,
+) -> list[tuple[int, int, str, ClassSource | None, ast.AST]]:
+    """Every function (with its line span, qualname and class), walking statements only."""
+    out: list[tuple[int, int, str, ClassSource | None, ast.AST]] = []
+
+    def visit(body: list[ast.stmt], prefix: str, cls: ClassSource | None) -> None:
+        for stmt in body:
+            if not isinstance(stmt, _COMPOUND):
+                continue
+            if isinstance(stmt, ast.ClassDef):
+                inner = module.classes.get(stmt.name) if cls is None else None
+                visit(stmt.body, f"{prefix}.{stmt.name}", inner)
+                continue
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                name = f"{prefix}.{stmt.name}"
+                out.append((stmt.lineno, stmt.end_lineno or stmt.lineno, name, cls, stmt))
+                visit(stmt.body, name, cls)
+                continue
+            for field in ("body", "orelse", "finalbody"):
+                visit(getattr(stmt, field, []), prefix, cls)
+            for handler in getattr(stmt, "handlers", []):
+                visit(handler.body, prefix, cls)
+
+    visit(module.tree.body, module.name, None)
+    return out
+
+
+def _calls(module: ModuleSource, methods: Sequence[str]) -> list[_CallSite]:
+    """Every ``x.<method>(..., kw=...)`` call of ``module``, with where it is.
+
+    The source text is searched first, and only the functions holding a match are walked, so a
+    large module costs little more than its parse.
+    """
+    if not methods:
+        return []
+    pattern = re.compile(r"\.\s*(?:" + "|".join(map(re.escape, methods)) + r")\s*\(")
+    text = module.source
+    lines: set[int] = set()
+    line, previous = 1, 0
+    for match in pattern.finditer(text):  # in order: count newlines once, incrementally
+        line += text.count("\n", previous, match.start())
+        previous = match.start()
+        lines.add(line)
+    if not lines:
+        return []
+    scopes = sorted(_scopes(module), key=lambda s: s[0])
+    scope_starts = [s[0] for s in scopes]
+    owners: dict[int, tuple[str, ClassSource | None, ast.AST]] = {}
+    for line in lines:
+        owners[line] = (module.name, None, module.tree)
+        # The innermost function holding the line starts last among those holding it.
+        for i in range(bisect.bisect_right(scope_starts, line) - 1, -1, -1):
+            first, last, name, cls, node = scopes[i]
+            if first <= line <= last:
+                owners[line] = (name, cls, node)
+                break
+    wanted = set(methods)
+    sites: list[_CallSite] = []
+    for name, cls, node in {id(o[2]): o for o in owners.values()}.values():
+        for sub in ast.walk(node):
+            if (
+                isinstance(sub, ast.Call)
+                and isinstance(sub.func, ast.Attribute)
+                and sub.func.attr in wanted
+                and sub.keywords
+                and owners.get(sub.func.end_lineno or sub.lineno, (None,))[0] == name
+            ):
+                sites.append(_CallSite(name, cls, sub))
+    return sorted(sites, key=lambda c: (c.call.lineno, c.call.col_offset))
+
+
+def _is_super(call: ast.Call) -> bool:
+    func = call.func
+    return (
+        isinstance(func, ast.Attribute)
+        and isinstance(func.value, ast.Call)
+        and isinstance(func.value.func, ast.Name)
+        and func.value.func.id == "super"
+    )
+
+
+def _receivers(index: SourceIndex, site: _CallSite, implementers: list[_Impl]) -> list[_Impl]:
+    """Who may receive the call: for ``super().m()`` the one ancestor, else every implementer."""
+    if not _is_super(site.call):
+        return implementers
+    if site.cls is None:
+        return []
+    assert isinstance(site.call.func, ast.Attribute)
+    method = site.call.func.attr
+    ancestor = _nearest_definer(index, site.cls, method)
+    if ancestor is None:
+        return []
+    return [_Impl(ancestor, sig_from_ast(ancestor.methods[method], path=ancestor.path))]
+
+
+def _call_site_findings(
+    index: SourceIndex,
+    module: ModuleSource,
+    calls: Sequence[_CallSite],
+    implementers: dict[str, list[_Impl]],
+) -> list[Finding]:
+    findings: list[Finding] = []
+    for site in calls:
+        call, where = site.call, site.where
+        assert isinstance(call.func, ast.Attribute)
+        method = call.func.attr
+        receivers = _receivers(index, site, implementers[method])
+        for kw in call.keywords:
+            if kw.arg is None:
+                continue
+            lacking = [i for i in receivers if not i.accepts(kw.arg)]
+            if not lacking:
+                continue
+            known = implementers[method] + receivers
+            donor = next((p for i in known for p in i.sig.params if p.name == kw.arg), None)
+            wanted = donor.render() if donor is not None else f"{kw.arg}=None"
+            names = ", ".join(f"{i.label} ({i.where})" for i in lacking)
+            first = lacking[0]
+            findings.append(
+                Finding(
+                    rule="unaccepted-keyword",
+                    message=f"`{ast.unparse(call)}` passes `{kw.arg}=`, which {names} "
+                    f"{'does' if len(lacking) == 1 else 'do'} not accept: with such an object "
+                    f"this call raises TypeError. {first.label}: {first.sig.render()}",
+                    target=where,
+                    method=method,
+                    parameter=kw.arg,
+                    hint=f"add `{wanted}` to " + ", ".join(i.label for i in lacking),
+                    contract_location=Location(first.sig.path or first.cls.path, first.sig.line),
+                    impl_location=Location(module.path, call.lineno),
+                )
+            )
+    return findings
+
+
+def analyze(
+    paths: Sequence[str],
+    *,
+    methods: Sequence[str] = DEFAULT_METHODS,
+    root: str | None = None,
+    index: SourceIndex | None = None,
+) -> list[CheckResult]:
+    """Override drift (``drift:overrides``, per class) and call-site drift
+    (``drift:call-sites``, per module) in the Python files under ``paths``."""
+    index = index if index is not None else SourceIndex()
+    modules, results = _load(paths, index)
+    classes = [c for m in modules for c in m.classes.values()]
+    scope = _scope(index, classes, root)
+    wanted = tuple(dict.fromkeys(methods))
+    implementers: dict[str, list[_Impl]] = {m: [] for m in wanted}
+    for cls in scope:
+        started = time.perf_counter()
+        overrides = [m for m in wanted if m in cls.methods]
+        if not overrides:
+            continue
+        findings: list[Finding] = []
+        for name in overrides:
+            impl = sig_from_ast(cls.methods[name], path=cls.path)
+            if not cls.is_protocol:
+                implementers[name].append(_Impl(cls, impl))
+            findings += _override_findings(index, cls, impl)
+        results.append(
+            CheckResult(
+                cls.qualname,
+                "drift:overrides",
+                outcome_for(findings),
+                tuple(findings),
+                duration_s=time.perf_counter() - started,
+            )
+        )
+    for module in modules:
+        started = time.perf_counter()
+        calls = _calls(module, wanted)
+        if not calls:
+            continue
+        findings = _call_site_findings(index, module, calls, implementers)
+        results.append(
+            CheckResult(
+                module.name,
+                "drift:call-sites",
+                outcome_for(findings),
+                tuple(findings),
+                duration_s=time.perf_counter() - started,
+            )
+        )
+    return results

@@ -1,0 +1,137 @@
+"""Every drift of the corpus is reported, by every level that can see it, at the right line,
+with the right rule; every class not named in an expectation (the fixed twins) passes."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvcache_core.conformance import signature_level, source_level
+from kvcache_core.conformance.model import Outcome
+
+from ._corpus import CORPUS, diff, expectations, reported
+
+FIXED_TWINS = [
+    "SWALikePoolFixed",
+    "SWALikeAllocatorFixed",
+    "KwargsCompositePoolFixed",
+    "DeliberateDropPool",
+    "DroppingAllocatorFixed",
+    "DSALikePoolFixed",
+    "DSAInheritsAll",
+    "MLALikePoolFixed",
+    "RenamedPoolFixed",
+    "SignatureDriftsFixed",
+    "ImplementsAbstract",
+    "ExplicitProtocolPool",
+    "ReferencePool",
+    "ReferenceAllocator",
+    "SideEffectPool",
+    "TreeGoodPool",
+    "TreeBasePool",
+]
+
+
+@pytest.fixture(scope="module")
+def source_results(corpus_targets):
+    targets, index = corpus_targets
+    return source_level.run(targets, index=index)
+
+
+@pytest.fixture(scope="module")
+def signature_results(corpus_targets):
+    targets, _ = corpus_targets
+    importable = [t for t in targets if "source_only" not in (t.path or "")]
+    return signature_level.run(importable)
+
+
+def test_source_level_reports_exactly_the_expected_findings(source_results):
+    expected = expectations("source")
+    got = reported(source_results)
+    assert got == expected, diff(expected, got)
+
+
+def test_signature_level_reports_exactly_the_expected_findings(signature_results):
+    expected = expectations("signature")
+    got = reported(signature_results)
+    assert got == expected, diff(expected, got)
+
+
+@pytest.mark.parametrize("level", ["source", "signature"])
+def test_fixed_twins_pass(level, source_results, signature_results):
+    results = source_results if level == "source" else signature_results
+    by_class: dict[str, list[object]] = {}
+    for r in results:
+        assert r.outcome is not Outcome.ERROR, r
+        by_class.setdefault(r.target.rsplit(".", 1)[-1], []).extend(r.findings)
+    for name in FIXED_TWINS:
+        assert name in by_class, f"{name} was not checked at the {level} level"
+        assert by_class[name] == [], f"{name}: {by_class[name]}"
+
+
+def test_every_rule_with_a_drifted_example_is_in_the_corpus():
+    rules = {e.rule for level in ("source", "drift") for e in expectations(level)}
+    assert rules >= {
+        "missing-method",
+        "missing-parameter",
+        "extra-required-parameter",
+        "renamed-parameter",
+        "parameter-kind-changed",
+        "parameter-order-changed",
+        "became-required",
+        "default-changed",
+        "kwargs-hides-parameter",
+        "parameter-not-forwarded",
+        "annotation-mismatch",
+        "return-mismatch",
+        "not-implemented",
+        "writeloc-not-unwrapped",
+        "missing-attribute",
+        "unresolved-base",
+        "unaccepted-keyword",
+    }
+
+
+def _one(results, cls: str, rule: str):
+    found = [
+        f for r in results for f in r.findings if f.rule == rule and f.target.endswith("." + cls)
+    ]
+    assert found, f"no {rule} for {cls}"
+    return found[0]
+
+
+@pytest.mark.parametrize("level", ["source", "signature"])
+def test_messages_name_both_signatures_and_the_older_contract(
+    level, source_results, signature_results
+):
+    results = source_results if level == "source" else signature_results
+    f = _one(results, "SWALikeAllocator", "missing-parameter")
+    assert f.method == "get_cpu_copy" and f.parameter == "mamba_indices"
+    assert "matches contract 1; contract 2 added `mamba_indices" in f.message
+    assert "contract: get_cpu_copy(self, indices: torch.Tensor, mamba_indices:" in f.message
+    assert "implementation: get_cpu_copy(self, indices: torch.Tensor) -> KVSnapshot" in f.message
+    assert f.hint == "add `mamba_indices: torch.Tensor | None = None`"
+    assert f.contract_location is not None
+    assert f.contract_location.path.endswith("kvcache_core/contracts/allocator.py")
+
+
+@pytest.mark.parametrize("level", ["source", "signature"])
+def test_hints_say_exactly_what_to_write(level, source_results, signature_results):
+    results = source_results if level == "source" else signature_results
+    drop = _one(results, "DroppingAllocator", "parameter-not-forwarded")
+    assert drop.hint == ("write `self._kvcache.get_cpu_copy(indices, mamba_indices=mamba_indices)`")
+    kwargs = _one(results, "KwargsCompositePool", "parameter-not-forwarded")
+    assert kwargs.parameter == "kwargs"
+    assert kwargs.hint == "write `self.attn.get_cpu_copy(indices, **kwargs)`"
+    rename = _one(results, "RenamedPool", "renamed-parameter")
+    assert rename.hint == "rename `idx` to `indices: torch.Tensor`"
+    loc = _one(results, "MLALikePool", "writeloc-not-unwrapped")
+    assert "unwrap_write_loc(loc)" in loc.hint
+    inherited = _one(results, "InheritsRaising", "not-implemented")
+    assert "inherited from RaisingPool" in inherited.message
+
+
+def test_inherited_findings_point_at_the_defining_file(source_results, signature_results):
+    for results in (source_results, signature_results):
+        f = _one(results, "DSAGrandchild", "missing-parameter")
+        assert f.impl_location is not None
+        assert f.impl_location.path == str(CORPUS / "dsa_sub.py")

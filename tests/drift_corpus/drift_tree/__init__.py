@@ -1,0 +1,1 @@
+"""A small pool hierarchy with no contract: what ``kvcache drift`` is for."""
