@@ -1,0 +1,65 @@
+"""Human-readable report: grouped by target, each finding with both locations and its hint,
+a summary line last (the line a CI log shows when it folds the rest)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..model import CheckResult, Finding, Outcome
+from ._common import by_target, location_text, summarize
+
+__all__ = ["render"]
+
+_LABEL = {
+    Outcome.PASSED: "PASS",
+    Outcome.FAILED: "FAIL",
+    Outcome.ERROR: "ERROR",
+    Outcome.SKIPPED: "SKIP",
+    Outcome.EXPECTED_FAILURE: "XFAIL",
+}
+_INDENT = " " * 9
+
+
+def _finding_lines(finding: Finding) -> list[str]:
+    where = finding.method or ""
+    if finding.parameter:
+        where += f"({finding.parameter})"
+    head = f"{finding.severity}[{finding.rule}]"
+    head += f" {where}: {finding.message}" if where else f" {finding.message}"
+    first, *more = head.splitlines() or [""]
+    lines = [f"{_INDENT}{first}", *(f"{_INDENT}  {line}" for line in more)]
+    impl = location_text(finding.impl_location)
+    contract = location_text(finding.contract_location)
+    if impl:
+        lines.append(f"{_INDENT}  implementation: {impl}")
+    if contract:
+        lines.append(f"{_INDENT}  contract:       {contract}")
+    if finding.hint:
+        hint, *rest = finding.hint.splitlines()
+        lines += [f"{_INDENT}  hint: {hint}", *(f"{_INDENT}        {line}" for line in rest)]
+    return lines
+
+
+def _result_lines(result: CheckResult) -> list[str]:
+    head = f"  {_LABEL[result.outcome]:<6} {result.check}"
+    count = len(result.findings)
+    if count and result.outcome is not Outcome.PASSED:
+        head += f"  ({count} finding{'' if count == 1 else 's'})"
+    detail = result.detail.strip().splitlines()
+    if detail:
+        head += f"  {detail[0]}"
+    lines = [head, *(f"{_INDENT}{d}" for d in detail[1:])]
+    for finding in result.findings:
+        lines += _finding_lines(finding)
+    return lines
+
+
+def render(results: Sequence[CheckResult]) -> str:
+    lines: list[str] = []
+    for target, group in by_target(results).items():
+        lines.append(target)
+        for result in group:
+            lines += _result_lines(result)
+        lines.append("")
+    lines.append(summarize(results).line())
+    return "\n".join(lines) + "\n"
