@@ -134,10 +134,14 @@ class DSATokenToKVPool(MLATokenToKVPool):
         return {**super()._meta(), "index_dtype": str(self.index_dtype)}
 
     def _offload_parts(self, slots: torch.Tensor) -> dict[str, torch.Tensor]:
-        parts = super()._offload_parts(slots)
-        parts["index_k"] = self._index_k.gather(slots)
-        parts["index_k_scale"] = self._index_scale.gather(slots)
-        return parts
+        return {**super()._offload_parts(slots), **self._index_parts(slots)}
+
+    def _index_parts(self, slots: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Host copies of the indexer keys and scales at ``slots``."""
+        return {
+            "index_k": self._index_k.gather(slots),
+            "index_k_scale": self._index_scale.gather(slots),
+        }
 
     def _offload_layout(self, count: int) -> dict[str, PartLayout]:
         layout = super()._offload_layout(count)

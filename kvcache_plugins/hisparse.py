@@ -202,11 +202,16 @@ class HiSparseTokenToKVPool(DSATokenToKVPool):
         return pos.cpu(), dev[pos]
 
     def _offload_parts(self, slots: torch.Tensor) -> dict[str, torch.Tensor]:
-        parts = super()._offload_parts(slots)
+        # Each latent row is read once: from the device copy when resident (it is the one
+        # kernels may have written), else from the logical store.
         pos, dev = self._resident(slots)
-        if pos.numel():
-            parts["latent"][:, pos] = self._device_latent.gather(dev)
-        return parts
+        if pos.numel() == slots.numel():
+            latent = self._device_latent.gather(dev)
+        else:
+            latent = self._latent.gather(slots.to(self.store_device))
+            if pos.numel():
+                latent[:, pos] = self._device_latent.gather(dev)
+        return {"latent": latent, **self._index_parts(slots)}
 
     def _load_parts(self, slots: torch.Tensor, parts: dict[str, torch.Tensor]) -> None:
         super()._load_parts(slots, parts)

@@ -40,14 +40,17 @@ def compare_signatures(
     which older contract version the implementation matches).
     """
     findings: list[Finding] = []
-    both = f"contract: {contract.render()}; implementation: {impl.render()}"
+
+    def both() -> str:  # rendered only when there is something to report
+        return f"contract: {contract.render()}; implementation: {impl.render()}"
+
     suffix = f" ({note})" if note else ""
 
     def add(rule: str, param: str | None, message: str, hint: str) -> None:
         findings.append(
             Finding(
                 rule=rule,
-                message=f"{message}{suffix}. {both}",
+                message=f"{message}{suffix}. {both()}",
                 target=target,
                 method=contract.name,
                 parameter=param,
