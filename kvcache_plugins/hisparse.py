@@ -214,9 +214,11 @@ class HiSparseTokenToKVPool(DSATokenToKVPool):
         return {"latent": latent, **self._index_parts(slots)}
 
     def _load_parts(self, slots: torch.Tensor, parts: dict[str, torch.Tensor]) -> None:
-        super()._load_parts(slots, parts)
+        super()._load_parts(slots, parts)  # write-through: the logical store is always whole
         pos, dev = self._resident(slots)
-        if pos.numel():
+        if pos.numel() == slots.numel():
+            self._device_latent.scatter(dev, parts["latent"])
+        elif pos.numel():
             self._device_latent.scatter(dev, parts["latent"][:, pos])
 
 
