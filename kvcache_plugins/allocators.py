@@ -34,11 +34,17 @@ __all__ = ["PagedSlotAllocator", "TokenSlotAllocator"]
 _CPU = torch.device("cpu")
 _INDEX_DTYPES = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8})
 #: Queued free calls that trigger a merge (bounds memory and how late an error surfaces).
-_MAX_PENDING_CALLS = 64
+_MAX_PENDING_CALLS = 128
 
 
 class _FreeIds:
-    """Free ids ``1..count`` as a stack; ``take`` returns the lowest ids first on a fresh stack.
+    """Free ids ``1..count`` as a stack of immutable chunks.
+
+    Why chunks: an allocation is then a slice (a view, no copy) of the top chunk, and a batch
+    of returned ids is pushed as one chunk, so the steady state costs about one torch call per
+    ``alloc``. Chunks are never written after they are pushed, so handing out views is safe, and
+    a backup is just the tuple of chunks. ``take`` hands out the lowest ids first on a fresh
+    stack and the most recently returned ids first afterwards.
 
     ``take`` only records what it handed out; the ``is_free`` mask catches up in bulk in
     :meth:`sync_marks` (one ``index_fill_`` per batch instead of one per call).
@@ -46,23 +52,53 @@ class _FreeIds:
 
     def __init__(self, count: int) -> None:
         self.count = count
-        self.stack = torch.empty(count, dtype=torch.int64)
         self.is_free = torch.zeros(count + 1, dtype=torch.bool)
         self._low = torch.empty(count + 1, dtype=torch.int64)  # scratch for de-duplication
         self._high = torch.empty(count + 1, dtype=torch.int64)
+        self._chunks: list[torch.Tensor] = []
+        self._start = 0
         self._taken: list[torch.Tensor] = []
-        self.top = 0
+        self.top = 0  # how many ids are free
         self.reset()
 
     def reset(self) -> None:
-        torch.arange(self.count, 0, -1, out=self.stack)
+        self._chunks = [torch.arange(1, self.count + 1, dtype=torch.int64)]
+        self._start = 0  # ids before this offset in the top chunk are handed out
         self.is_free.fill_(True)
         self.is_free[0] = False
         self._taken.clear()
         self.top = self.count
 
     def take(self, n: int) -> torch.Tensor:
-        ids = self.stack[self.top - n : self.top].flip(0)
+        """``n`` free ids (the caller checked ``n <= top``)."""
+        if n == 0:
+            return torch.empty(0, dtype=torch.int64)
+        chunks = self._chunks
+        chunk = chunks[-1]
+        start = self._start
+        left = chunk.numel() - start
+        if left > n:  # one view, no copy
+            ids = chunk.narrow(0, start, n)
+            self._start = start + n
+        elif left == n and not start:  # a freed batch of the same size: no torch call at all
+            ids = chunks.pop()
+        else:
+            parts: list[torch.Tensor] = []
+            need = n
+            while need:
+                chunk = chunks[-1]
+                start = self._start
+                left = chunk.numel() - start
+                if left <= need:
+                    parts.append(chunk.narrow(0, start, left) if start else chunk)
+                    chunks.pop()
+                    self._start = 0
+                    need -= left
+                else:
+                    parts.append(chunk.narrow(0, start, need))
+                    self._start = start + need
+                    need = 0
+            ids = parts[0] if len(parts) == 1 else torch.cat(parts)
         self.top -= n
         self._taken.append(ids)
         return ids
@@ -82,11 +118,21 @@ class _FreeIds:
         self._high.scatter_reduce_(0, ids, groups, reduce="amax")
         return torch.index_select(self._low, 0, ids), torch.index_select(self._high, 0, ids)
 
-    def give_back(self, ids: torch.Tensor, groups: torch.Tensor | None, *, what: str) -> None:
-        """Return ``ids`` (host int64, 1-D) after checking all of them; mutate nothing on error.
+    def give_back(
+        self,
+        ids: torch.Tensor,
+        groups: torch.Tensor | None,
+        *,
+        what: str,
+        pieces: list[torch.Tensor] | None = None,
+    ) -> None:
+        """Return ``ids`` (host int64, 1-D, owned) after checking all of them; on error, mutate
+        nothing.
 
         ``groups`` says which free call each id came from when one call may legitimately name an
         id several times (slots of one page); ``None`` means every repetition is an error.
+        ``pieces`` are the free calls ``ids`` was concatenated from: they are pushed as chunks
+        of their own, so the next ``alloc`` of the same size pops one without any copy.
         """
         if ids.numel() == 0:
             return
@@ -96,33 +142,54 @@ class _FreeIds:
             if bad == 0:
                 raise DoubleFreeError(f"{what} 0 is reserved and is never allocated")
             raise InvalidSlotError(f"cannot free {what} {bad}: valid {what}s are 1..{self.count}")
-        order = torch.arange(ids.numel(), dtype=torch.int64)
-        first, last = self._spread(ids, order if groups is None else groups)
-        if not bool(torch.equal(first, last)):
-            raise DoubleFreeError(f"{what} {int(ids[first != last][0])} is freed twice")
-        if groups is not None:  # keep one copy of each id named several times by one call
-            lowest, _ = self._spread(ids, order)
+        if groups is not None:
+            order = torch.arange(ids.numel(), dtype=torch.int64)
+            first, last = self._spread(ids, groups)
+            if not bool(torch.equal(first, last)):
+                raise DoubleFreeError(f"{what} {int(ids[first != last][0])} is freed twice")
+            lowest, _ = self._spread(ids, order)  # one copy of ids one call names repeatedly
             ids = ids[lowest == order]
         self.sync_marks()
         already = torch.index_select(self.is_free, 0, ids)
         if bool(already.any()):
             raise DoubleFreeError(f"{what} {int(ids[already][0])} is already free (double free)")
-        n = ids.numel()
-        self.stack[self.top : self.top + n] = ids.flip(0)
-        self.top += n
         self.is_free.index_fill_(0, ids, True)
+        # Repeated ids set the same flag twice: the count of free ids then falls short. One
+        # O(count) pass is cheaper here than de-duplicating (see the module doc).
+        if int(torch.count_nonzero(self.is_free)) != self.top + ids.numel():
+            self.is_free.index_fill_(0, ids, False)  # none was free before: undo exactly
+            order = torch.arange(ids.numel(), dtype=torch.int64)
+            first, _ = self._spread(ids, order)
+            raise DoubleFreeError(f"{what} {int(ids[first != order][0])} is freed twice")
+        self._seal_top()
+        if pieces is None:
+            self._chunks.append(ids)
+        else:
+            self._chunks.extend(pieces)
+        self.top += ids.numel()
 
-    def snapshot(self) -> tuple[torch.Tensor, int]:
+    def _seal_top(self) -> None:
+        """Cut the consumed head off the top chunk before another chunk goes above it."""
+        if self._start:
+            top = self._chunks.pop()
+            if top.numel() > self._start:
+                self._chunks.append(top[self._start :])
+            self._start = 0
+
+    def snapshot(self) -> tuple[tuple[torch.Tensor, ...], int]:
         self.sync_marks()
-        return self.stack[: self.top].clone(), self.top
+        self._seal_top()
+        return tuple(self._chunks), self.top
 
-    def restore(self, state: tuple[torch.Tensor, int]) -> None:
-        stack, top = state
-        self.stack[:top] = stack
+    def restore(self, state: tuple[tuple[torch.Tensor, ...], int]) -> None:
+        chunks, top = state
+        self._chunks = list(chunks)
+        self._start = 0
         self.top = top
         self._taken.clear()
         self.is_free.fill_(False)
-        self.is_free.index_fill_(0, stack, True)
+        for chunk in chunks:
+            self.is_free.index_fill_(0, chunk, True)
 
 
 class PagedSlotAllocator:
@@ -154,6 +221,7 @@ class PagedSlotAllocator:
         self._group: list[torch.Tensor] | None = None
         self._offsets = torch.arange(page_size, dtype=torch.int64)
         self.eager_checks = eager_checks
+        self._on_host = self.device.type == "cpu"
 
     # -- bookkeeping -----------------------------------------------------------------------
     def _settle(self) -> None:
@@ -185,7 +253,7 @@ class PagedSlotAllocator:
     def _give_back(self, calls: list[torch.Tensor]) -> None:
         slots = calls[0] if len(calls) == 1 else torch.cat(calls)
         if self.page_size == 1:
-            self._free.give_back(slots, None, what="slot")
+            self._free.give_back(slots, None, what="slot", pieces=calls)
             return
         if bool((slots == 0).any()):
             raise DoubleFreeError("slot 0 is reserved and is never allocated")
@@ -205,7 +273,7 @@ class PagedSlotAllocator:
         return (pages[:, None] * self.page_size + self._offsets).reshape(-1)
 
     def _out(self, slots: torch.Tensor) -> torch.Tensor:
-        return slots if self.device == _CPU else slots.to(self.device)
+        return slots if self._on_host else slots.to(self.device)
 
     def available_size(self) -> int:
         """Free tokens: free pages times the page size."""
@@ -214,17 +282,20 @@ class PagedSlotAllocator:
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
         """``need_size`` slots (whole pages), or None when they do not fit; never partial."""
-        if need_size < 0:
-            raise AllocatorError(f"need_size must be >= 0, got {need_size}")
-        if need_size % self.page_size:
+        page_size = self.page_size
+        pages, rest = divmod(need_size, page_size)
+        if rest or need_size < 0:
             raise AllocatorError(
-                f"need_size {need_size} is not a multiple of page_size {self.page_size}; "
-                "use alloc_extend/alloc_decode for partial pages"
+                f"need_size must be a non-negative multiple of page_size {page_size}, got "
+                f"{need_size}; use alloc_extend/alloc_decode for partial pages"
             )
-        pages = need_size // self.page_size
-        if not self._reserve(pages):
+        free = self._free
+        if pages > free.top and not self._reserve(pages):
             return None
-        return self._out(self._slots_of(self._free.take(pages)))
+        ids = free.take(pages)
+        if page_size != 1:
+            ids = self._slots_of(ids)
+        return ids if self._on_host else ids.to(self.device)
 
     def free(self, indices: torch.Tensor) -> None:
         """Release slots (and so their whole pages). Checked in a batch; see the module doc."""
@@ -238,8 +309,13 @@ class PagedSlotAllocator:
         if self._group is not None:
             self._group.append(indices)
             return
-        if dtype is not torch.int64 or indices.dim() != 1:
+        # Own a copy now: callers free views (a row of a request table) that they reuse.
+        if dtype is not torch.int64:
             indices = indices.reshape(-1).to(torch.int64)
+        elif indices.dim() == 1:
+            indices = indices.clone()
+        else:
+            indices = indices.reshape(-1).clone()
         self._pending.append(indices)
         if len(self._pending) >= _MAX_PENDING_CALLS or (
             self.eager_checks and indices.device.type == "cpu"
