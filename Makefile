@@ -16,6 +16,7 @@ $(STAMP): pyproject.toml constraints/torch-cpu.txt
 
 check: setup
 	$(BIN)/kvcache list
+	$(BIN)/kvcache check
 
 lint: setup
 	$(BIN)/ruff check .
@@ -31,6 +32,8 @@ test: lint typecheck unit
 
 bench: setup
 	$(BIN)/python benchmarks/bench.py
+	$(BIN)/python benchmarks/bench_types_level.py
+	$(BIN)/python benchmarks/bench_drift.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
