@@ -19,6 +19,7 @@ import torch
 
 from kvcache_core import AllocatorError, HiSparsePool, KVPool, KVSnapshot, check_slots
 
+from ._free_group import FreeGroup
 from .allocators import PagedSlotAllocator
 
 __all__ = ["HiSparseSlotAllocator", "empty_logical_to_device"]
@@ -39,7 +40,7 @@ def empty_logical_to_device(rows: int, device: torch.device) -> torch.Tensor:
     return table
 
 
-class HiSparseSlotAllocator:
+class HiSparseSlotAllocator(FreeGroup):
     """Allocates logical slots of a :class:`HiSparsePool` and manages their device residency."""
 
     def __init__(self, kvcache: HiSparsePool, device: torch.device | str | None = None) -> None:
@@ -55,7 +56,6 @@ class HiSparseSlotAllocator:
         self._page_map = torch.full((self.size // self.page_size + 1,), -1, dtype=torch.int64)
         self._page_map[0] = 0
         self.logical_to_device = empty_logical_to_device(self.size + self.page_size, kvcache.device)
-        self._group: list[torch.Tensor] | None = None
         kvcache.register_logical_to_device(self.logical_to_device)
 
     # -- sizes -----------------------------------------------------------------------------
@@ -194,8 +194,7 @@ class HiSparseSlotAllocator:
         and slot 0 are checked here; double frees surface from the logical allocator's batch
         check, as for any paged allocator.
         """
-        if self._group is not None:
-            self._group.append(indices)
+        if self._collect(indices):
             return
         slots = check_slots(indices, limit=self.size + self.page_size, name="indices")
         if slots.numel() == 0:
@@ -207,18 +206,6 @@ class HiSparseSlotAllocator:
         """Check queued frees of both sides now, raising on a bad one."""
         self._logical.check_frees()
         self._device.check_frees()
-
-    def free_group_begin(self) -> None:
-        if self._group is not None:
-            raise AllocatorError("free_group_begin called twice without free_group_end")
-        self._group = []
-
-    def free_group_end(self) -> None:
-        group, self._group = self._group, None
-        if group is None:
-            raise AllocatorError("free_group_end called without free_group_begin")
-        if group:
-            self.free(torch.cat([g.reshape(-1).to(_CPU, torch.int64) for g in group]))
 
     # -- state -----------------------------------------------------------------------------
     def backup_state(self) -> object:

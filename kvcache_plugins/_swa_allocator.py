@@ -17,6 +17,7 @@ import torch
 
 from kvcache_core import AllocatorError, DoubleFreeError, KVPool, KVSnapshot, check_slots
 
+from ._free_group import FreeGroup
 from ._swa_pool import SWAKVPool
 from .allocators import PagedSlotAllocator
 
@@ -27,7 +28,7 @@ def _ceil_div(a: torch.Tensor, b: int) -> torch.Tensor:
     return torch.div(a + b - 1, b, rounding_mode="floor")
 
 
-class SWASlotAllocator:
+class SWASlotAllocator(FreeGroup):
     """Allocates full and window slots together; both sides are paged by ``page_size``.
 
     ``size`` and ``available_size()`` are the smaller side's (what a request can count on);
@@ -60,7 +61,6 @@ class SWASlotAllocator:
         )
         self.full_to_swa_index_mapping[-1] = -1
         kvcache.register_mapping(self.full_to_swa_index_mapping)
-        self._group: list[torch.Tensor] | None = None
 
     # -- sizes --------------------------------------------------------------------------------
     def available_size(self) -> int:
@@ -212,8 +212,7 @@ class SWASlotAllocator:
         The slots are range-checked here (the window side must read the table at them); a
         double free of a full slot surfaces when the full side checks its queued frees.
         """
-        if self._group is not None:
-            self._group.append(indices)
+        if self._collect(indices):
             return
         slots = check_slots(
             indices,
@@ -227,18 +226,6 @@ class SWASlotAllocator:
             raise DoubleFreeError("slot 0 is reserved and is never allocated")
         self.full_attn_allocator.free(indices)
         self.free_swa(slots)
-
-    def free_group_begin(self) -> None:
-        if self._group is not None:
-            raise AllocatorError("free_group_begin called twice without free_group_end")
-        self._group = []
-
-    def free_group_end(self) -> None:
-        group, self._group = self._group, None
-        if group is None:
-            raise AllocatorError("free_group_end called without free_group_begin")
-        if group:
-            self.free(torch.cat([g.reshape(-1).to(torch.int64) for g in group]))
 
     # -- state --------------------------------------------------------------------------------
     def backup_state(self) -> object:

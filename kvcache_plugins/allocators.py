@@ -29,6 +29,8 @@ from kvcache_core import (
     OffloadablePool,
 )
 
+from ._free_group import FreeGroup
+
 __all__ = ["PagedSlotAllocator", "TokenSlotAllocator"]
 
 _CPU = torch.device("cpu")
@@ -192,7 +194,7 @@ class _FreeIds:
             self.is_free.index_fill_(0, chunk, True)
 
 
-class PagedSlotAllocator:
+class PagedSlotAllocator(FreeGroup):
     """Hands out whole pages of ``page_size`` slots; ``page_size=1`` is a token allocator.
 
     Page ``p`` covers slots ``[p * P, (p + 1) * P)``; page 0 (slot 0 and its page) is reserved.
@@ -218,7 +220,6 @@ class PagedSlotAllocator:
         self._kvcache = kvcache
         self._free = _FreeIds(self.num_pages)
         self._pending: list[torch.Tensor] = []
-        self._group: list[torch.Tensor] | None = None
         self._offsets = torch.arange(page_size, dtype=torch.int64)
         self.eager_checks = eager_checks
         self._on_host = self.device.type == "cpu"
@@ -306,8 +307,7 @@ class PagedSlotAllocator:
             raise InvalidSlotError(f"indices must have an integer dtype, got {indices.dtype}")
         if indices.numel() == 0:
             return
-        if self._group is not None:
-            self._group.append(indices)
+        if self._collect(indices):
             return
         # Own a copy now: callers free views (a row of a request table) that they reuse.
         if dtype is not torch.int64:
@@ -325,19 +325,6 @@ class PagedSlotAllocator:
     def check_frees(self) -> None:
         """Check and merge queued frees now, raising on a bad one (see the module doc)."""
         self._settle()
-
-    def free_group_begin(self) -> None:
-        """Collect frees until :meth:`free_group_end`, which releases them in one call."""
-        if self._group is not None:
-            raise AllocatorError("free_group_begin called twice without free_group_end")
-        self._group = []
-
-    def free_group_end(self) -> None:
-        group, self._group = self._group, None
-        if group is None:
-            raise AllocatorError("free_group_end called without free_group_begin")
-        if group:
-            self.free(torch.cat([g.reshape(-1).to(torch.int64) for g in group]))
 
     def backup_state(self) -> object:
         """A state that :meth:`restore_state` brings back exactly (undoing allocs and frees)."""
