@@ -89,11 +89,15 @@ class MypyRun:
 
 
 def find_stubs_dir() -> Path | None:
-    """The repository's ``stubs/`` next to the ``kvcache_core`` package, if it is there."""
+    """kvcache's torch stubs: ``stubs/`` beside the ``kvcache_core`` package in a checkout or an
+    editable install, else ``<prefix>/share/kvcache/stubs`` where a wheel installs them."""
     import kvcache_core
 
-    candidate = Path(kvcache_core.__file__).resolve().parent.parent / "stubs"
-    return candidate if (candidate / "torch" / "__init__.pyi").is_file() else None
+    candidates = [
+        Path(kvcache_core.__file__).resolve().parent.parent / "stubs",
+        Path(sys.prefix) / "share" / "kvcache" / "stubs",
+    ]
+    return next((c for c in candidates if (c / "torch" / "__init__.pyi").is_file()), None)
 
 
 def default_cache_dir() -> Path:
