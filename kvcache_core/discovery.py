@@ -19,6 +19,7 @@ from typing import Any
 import pluggy
 
 from . import hookspecs
+from .conformance._checks import contract_methods
 from .conformance.model import Finding
 from .conformance.signature_level import signature_findings
 from .contracts.pool import KVPool
@@ -150,14 +151,12 @@ def validate_spec(spec: object) -> tuple[Finding, ...] | str:
     for capability in sorted(spec.capabilities):
         role, proto = CAPABILITY_PROTOCOLS[capability]
         checks.append((spec.pool_class if role == "pool" else spec.allocator_class, proto))
-    # Capability Protocols extend KVPool, so the same method is met more than once.
-    seen: set[tuple[str, str | None, str, str | None]] = set()
+    # Capability Protocols extend KVPool: check each method of each class once.
+    done: dict[type, set[str]] = {}
     for cls, proto in checks:
-        for f in signature_findings(cls, proto):
-            key = (f.target, f.method, f.rule, f.parameter)
-            if f.is_error and key not in seen:
-                seen.add(key)
-                findings.append(f)
+        todo = set(contract_methods(proto)) - done.setdefault(cls, set())
+        done[cls] |= todo
+        findings.extend(f for f in signature_findings(cls, proto, methods=todo) if f.is_error)
     return tuple(findings)
 
 
@@ -215,14 +214,17 @@ def discover(
     pm.add_hookspecs(hookspecs)
     candidates: list[tuple[PluginInfo, object]] = []
 
+    dists: dict[object, tuple[str, str]] = {}  # one METADATA parse per distribution
     for ep in _entry_points(group):
         dist = getattr(ep, "dist", None)
-        info = PluginInfo(
-            ep.name,
-            ep.value,
-            dist.metadata["Name"] if dist else None,
-            dist.version if dist else None,
-        )
+        owner = None
+        if dist is not None:
+            key = getattr(dist, "_path", dist)
+            if key not in dists:
+                meta = dist.metadata
+                dists[key] = (meta["Name"], meta["Version"])
+            owner = dists[key]
+        info = PluginInfo(ep.name, ep.value, *(owner or (None, None)))
         if ep.name in denied:
             registry.skipped.append((info, "disabled by deny list"))
             continue
