@@ -70,3 +70,27 @@ def test_writeloc_is_frozen_and_unwraps():
         unwrap_write_loc([1, 2])  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"KVWriteLoc\.swa_loc must be a torch\.Tensor"):
         KVWriteLoc(torch.tensor([1]), swa_loc=[2])  # type: ignore[arg-type]
+
+
+def test_fast_signature_reading_agrees_with_inspect():
+    """The code-object reader used at start-up says exactly what inspect.signature says."""
+    import inspect
+
+    import kvcache_plugins.allocators as allocators
+    from kvcache_core import discover
+    from kvcache_core.conformance import signature_model as sm
+
+    def samples(a, /, b, c=3, *args, d, e=5, **kw) -> int: ...
+    def plain(x: int = 1, *, y: "str | None" = None): ...  # noqa: UP037 (a string on purpose)
+
+    functions = [samples, plain]
+    for entry in discover().accepted.values():
+        for cls in (entry.spec.pool_class, entry.spec.allocator_class):
+            functions += [f for f in vars(cls).values() if inspect.isfunction(f)]
+    functions += [f for f in vars(allocators.PagedSlotAllocator).values() if inspect.isfunction(f)]
+    assert len(functions) > 50
+    for func in functions:
+        for bound in (False, True):
+            fast = sm._describe_callable(func.__name__, func, bound)
+            slow = sm._describe_with_inspect(func.__name__, func, bound)
+            assert fast == slow, func.__qualname__

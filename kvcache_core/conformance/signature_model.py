@@ -8,6 +8,7 @@ import ast
 import enum
 import inspect
 import linecache
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -213,7 +214,59 @@ def sig_from_callable(name: str, func: Callable[..., object], *, bound: bool = F
     return _describe_cached(name, func, bound)
 
 
+def _params_from_code(func: types.FunctionType) -> tuple[list[Param], str | None]:
+    """What ``inspect.signature`` would say of a plain function, read straight from its code
+    object (ten times cheaper; discovery describes every contract method at start-up)."""
+    code = func.__code__
+    names = code.co_varnames
+    count, kw_count = code.co_argcount, code.co_kwonlyargcount
+    defaults = func.__defaults__ or ()
+    kw_defaults = func.__kwdefaults__ or {}
+    notes = func.__annotations__
+    empty = inspect.Parameter.empty
+    first_default = count - len(defaults)
+
+    def make(name: str, kind: ParamKind, default: object) -> Param:
+        return Param(name, kind, _default_text(default), _annotation_text(notes.get(name, empty)))
+
+    params = [
+        make(
+            names[i],
+            ParamKind.POSITIONAL_ONLY
+            if i < code.co_posonlyargcount
+            else ParamKind.POSITIONAL_OR_KEYWORD,
+            defaults[i - first_default] if i >= first_default else empty,
+        )
+        for i in range(count)
+    ]
+    extra = count + kw_count
+    if code.co_flags & inspect.CO_VARARGS:
+        params.append(make(names[extra], ParamKind.VAR_POSITIONAL, empty))
+        extra += 1
+    params += [
+        make(n, ParamKind.KEYWORD_ONLY, kw_defaults.get(n, empty))
+        for n in names[count : count + kw_count]
+    ]
+    if code.co_flags & inspect.CO_VARKEYWORDS:
+        params.append(make(names[extra], ParamKind.VAR_KEYWORD, empty))
+    return params, _annotation_text(notes.get("return", empty))
+
+
 def _describe_callable(name: str, func: Callable[..., object], bound: bool) -> MethodSig:
+    if (
+        type(func) is types.FunctionType
+        and not hasattr(func, "__wrapped__")
+        and not hasattr(func, "__signature__")
+    ):
+        fast, returns = _params_from_code(func)
+        if not bound and fast and fast[0].positional:
+            fast = fast[1:]
+        path, line = _def_location(func)
+        return MethodSig(name=name, params=tuple(fast), returns=returns, path=path, line=line)
+    return _describe_with_inspect(name, func, bound)
+
+
+def _describe_with_inspect(name: str, func: Callable[..., object], bound: bool) -> MethodSig:
     sig = inspect.signature(func)
     params = list(sig.parameters.values())
     if (
