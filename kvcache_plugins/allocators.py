@@ -250,7 +250,7 @@ class PagedSlotAllocator(FreeGroup):
         if not self._pending:
             return
         pending, self._pending = self._pending, []
-        calls = [p if p.device.type == "cpu" else p.to(_CPU) for p in pending]
+        calls = pending if self._on_host else [p.to(_CPU) for p in pending]
         try:
             self._give_back(calls)
         except KVCacheError:
@@ -336,6 +336,8 @@ class PagedSlotAllocator(FreeGroup):
             indices = indices.clone()
         else:
             indices = indices.reshape(-1).clone()
+        if self._on_host and not indices.is_cpu:
+            indices = indices.cpu()  # a host allocator keeps its queue on the host
         self._pending.append(indices)
         if len(self._pending) >= _MAX_PENDING_CALLS or (
             self.eager_checks and indices.device.type == "cpu"
