@@ -43,18 +43,22 @@ class _FreeIds:
     """Free ids ``1..count`` as a stack of immutable chunks.
 
     Why chunks: an allocation is then a slice (a view, no copy) of the top chunk, and a batch
-    of returned ids is pushed as one chunk, so the steady state costs about one torch call per
-    ``alloc``. Chunks are never written after they are pushed, so handing out views is safe, and
-    a backup is just the tuple of chunks. ``take`` hands out the lowest ids first on a fresh
-    stack and the most recently returned ids first afterwards.
+    of returned ids is pushed as one chunk per free call, so the steady state pops a whole chunk
+    without any torch call. Chunks are never written after they are pushed, so handing out views
+    is safe, and a backup is just the tuple of chunks. ``take`` hands out the lowest ids first on
+    a fresh stack and the most recently returned ids first afterwards.
 
-    ``take`` only records what it handed out; the ``is_free`` mask catches up in bulk in
-    :meth:`sync_marks` (one ``index_fill_`` per batch instead of one per call).
+    ``is_free`` holds 1 for a free id and 0 for a handed-out one (slot 0 counts as free, so
+    freeing it is refused). ``take`` only records what it handed out; both directions are
+    applied in bulk with ``index_add_``, and a returned batch is good exactly when every one of
+    its ids then reads 1: a repeated id or an id that was already free reads 2 or more.
     """
 
     def __init__(self, count: int) -> None:
         self.count = count
-        self.is_free = torch.zeros(count + 1, dtype=torch.bool)
+        self.is_free = torch.ones(count + 1, dtype=torch.int32)
+        self._ones = torch.ones(count + 1, dtype=torch.int32)
+        self._minus_ones = -self._ones
         self._low = torch.empty(count + 1, dtype=torch.int64)  # scratch for de-duplication
         self._high = torch.empty(count + 1, dtype=torch.int64)
         self._chunks: list[torch.Tensor] = []
@@ -66,7 +70,7 @@ class _FreeIds:
     def reset(self) -> None:
         self._chunks = [torch.arange(1, self.count + 1, dtype=torch.int64)]
         self._start = 0  # ids before this offset in the top chunk are handed out
-        self.is_free.fill_(True)  # slot 0 counts as free: freeing it is refused as a double free
+        self.is_free.fill_(1)
         self._taken.clear()
         self.top = self.count
 
@@ -104,12 +108,19 @@ class _FreeIds:
         self._taken.append(ids)
         return ids
 
+    def _signs(self, n: int, sign: int) -> torch.Tensor:
+        """``n`` values of ``sign`` (views of preallocated buffers when they are long enough)."""
+        source = self._ones if sign > 0 else self._minus_ones
+        if n <= source.numel():
+            return source.narrow(0, 0, n)
+        return torch.full((n,), sign, dtype=torch.int32)
+
     def sync_marks(self) -> None:
         """Mark everything handed out since the last sync as not free."""
         if self._taken:
             taken = self._taken[0] if len(self._taken) == 1 else torch.cat(self._taken)
             self._taken.clear()
-            self.is_free.index_fill_(0, taken, False)
+            self.is_free.index_add_(0, taken, self._signs(taken.numel(), -1))
 
     def _spread(self, ids: torch.Tensor, groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """For every position, the lowest and highest group id that names the same id."""
@@ -127,8 +138,8 @@ class _FreeIds:
         what: str,
         pieces: list[torch.Tensor] | None = None,
     ) -> None:
-        """Return ``ids`` (host int64, 1-D, owned) after checking all of them; on error, mutate
-        nothing.
+        """Return ``ids`` (host int64, 1-D, owned) after checking all of them; on error, leave
+        everything as it was.
 
         ``groups`` says which free call each id came from when one call may legitimately name an
         id several times (slots of one page); ``None`` means every repetition is an error.
@@ -137,32 +148,25 @@ class _FreeIds:
         """
         if ids.numel() == 0:
             return
+        self._raise_out_of_range(ids, what, only_if_bad=True)
         if groups is not None:
             ids = self._one_per_page(ids, groups, what=what)
         self.sync_marks()
-        # One pass, one reduction: an id that is free already (slot 0 counts as always free),
-        # or that the batch names twice (only one of its positions survives the scatter).
-        order = torch.arange(ids.numel(), dtype=torch.int64)
-        try:
-            already = torch.index_select(self.is_free, 0, ids)
-            self._low.index_copy_(0, ids, order)
-        except (IndexError, RuntimeError):
-            self._raise_out_of_range(ids, what)
-        repeated = torch.index_select(self._low, 0, ids) != order
-        if bool((already | repeated).any()):
-            self._raise_bad_batch(ids, already, repeated, what)
-        self.is_free.index_fill_(0, ids, True)
+        n = ids.numel()
+        self.is_free.index_add_(0, ids, self._signs(n, +1))
+        if bool((torch.index_select(self.is_free, 0, ids) != 1).any()):
+            self.is_free.index_add_(0, ids, self._signs(n, -1))  # undo exactly
+            self._raise_bad_batch(ids, what)
         self._seal_top()
         if pieces is None:
             self._chunks.append(ids)
         else:
             self._chunks.extend(pieces)
-        self.top += ids.numel()
+        self.top += n
 
     def _one_per_page(self, ids: torch.Tensor, groups: torch.Tensor, *, what: str) -> torch.Tensor:
         """Pages named by several slots of one free call, once each; a page that two calls
         name is a double free."""
-        self._raise_out_of_range(ids, what, only_if_bad=True)
         first, last = self._spread(ids, groups)
         if not bool(torch.equal(first, last)):
             raise DoubleFreeError(f"{what} {int(ids[first != last][0])} is freed twice")
@@ -179,15 +183,17 @@ class _FreeIds:
         bad = low if low < 0 else high
         raise InvalidSlotError(f"cannot free {what} {bad}: valid {what}s are 1..{self.count}")
 
-    def _raise_bad_batch(
-        self, ids: torch.Tensor, already: torch.Tensor, repeated: torch.Tensor, what: str
-    ) -> None:
+    def _raise_bad_batch(self, ids: torch.Tensor, what: str) -> None:
+        """Name the first bad id of a batch (the slow path: the batch is already undone)."""
+        already = torch.index_select(self.is_free, 0, ids) == 1
         if bool(already.any()):
             first = int(ids[already][0])
             if first == 0:
                 raise DoubleFreeError(f"{what} 0 is reserved and is never allocated")
             raise DoubleFreeError(f"{what} {first} is already free (double free)")
-        raise DoubleFreeError(f"{what} {int(ids[repeated][0])} is freed twice")
+        order = torch.arange(ids.numel(), dtype=torch.int64)
+        lowest, _ = self._spread(ids, order)
+        raise DoubleFreeError(f"{what} {int(ids[lowest != order][0])} is freed twice")
 
     def _seal_top(self) -> None:
         """Cut the consumed head off the top chunk before another chunk goes above it."""
@@ -208,10 +214,10 @@ class _FreeIds:
         self._start = 0
         self.top = top
         self._taken.clear()
-        self.is_free.fill_(False)
-        self.is_free[0] = True
+        self.is_free.zero_()
+        self.is_free[0] = 1
         for chunk in chunks:
-            self.is_free.index_fill_(0, chunk, True)
+            self.is_free.index_fill_(0, chunk, 1)
 
 
 class PagedSlotAllocator(FreeGroup):
