@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -51,10 +51,10 @@ def interleaved(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, 
     return best
 
 
-def walk_parts(snapshot: KVSnapshot, kind: str = "") -> Iterator[tuple[str, torch.Tensor]]:
-    """Every part of a snapshot and its children, with the pool kind it belongs to."""
-    for part in snapshot.parts.values():
-        yield kind or snapshot.pool_kind, part
+def walk_parts(snapshot: KVSnapshot, kind: str = "") -> Iterator[tuple[str, str, torch.Tensor]]:
+    """Every part of a snapshot and its children, with its pool kind and its name."""
+    for name, part in snapshot.parts.items():
+        yield kind or snapshot.pool_kind, name, part
     for child in snapshot.children.values():
         if child is not None:
             yield from walk_parts(child, child.pool_kind)
@@ -74,6 +74,8 @@ class Case:
     new_mamba_indices: torch.Tensor | None = None
     #: rows of the buffers request-indexed state lives in (for the baseline's source tensors)
     request_rows: int = 0
+    #: parts that reload must write in more than one place (a write-through copy), and how many
+    written_copies: dict[str, int] = field(default_factory=dict)
 
 
 def random_subset(slots: torch.Tensor, n: int, gen: torch.Generator) -> torch.Tensor:
@@ -97,6 +99,14 @@ def mamba_case(pool: Any, allocator: Any, n: int, gen: torch.Generator) -> Case:
     return case
 
 
+def hisparse_case(pool: Any, allocator: Any, n: int, gen: torch.Generator) -> Case:
+    """Resident tokens: reload writes the latent to the device copy and to the logical store
+    (write-through), so the bytes it must write are the latent twice plus the indexer."""
+    case = token_case(pool, allocator, n, gen)
+    case.written_copies = {"latent": 2}
+    return case
+
+
 def swa_case(pool: Any, allocator: Any, n: int, gen: torch.Generator) -> Case:
     """Every token keeps its window slot (the window is as large as the full pool here)."""
     return token_case(pool, allocator, n, gen)
@@ -106,7 +116,7 @@ SETUPS: dict[str, Callable[[Any, Any, int, torch.Generator], Case]] = {
     "mha": token_case,
     "mla": token_case,
     "dsa": token_case,
-    "hisparse": token_case,
+    "hisparse": hisparse_case,
     "swa": swa_case,
     "mamba": mamba_case,
 }
@@ -142,15 +152,17 @@ class RawCopy:
 
     def __init__(self, snapshot: KVSnapshot, case: Case, gen: torch.Generator) -> None:
         self.items: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self.extra_writes: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         token_rows = case.pool.size + case.pool.page_size
-        for kind, part in walk_parts(snapshot):
+        for kind, name, part in walk_parts(snapshot):
             if part.dim() < 2:
                 continue  # masks and the like: a few bytes
             layers, n = part.shape[0], part.shape[1]
             rows = case.request_rows if kind == "mamba-state" else token_rows
-            source = torch.zeros((layers, max(rows, n), *part.shape[2:]), dtype=part.dtype)
-            idx = torch.randperm(source.shape[1], generator=gen)[:n]
-            self.items.append((source, idx, part))
+            for copy in range(case.written_copies.get(name, 1)):
+                source = torch.zeros((layers, max(rows, n), *part.shape[2:]), dtype=part.dtype)
+                idx = torch.randperm(source.shape[1], generator=gen)[:n]
+                (self.items if copy == 0 else self.extra_writes).append((source, idx, part))
 
     def gather_into_preallocated(self) -> None:
         """The same gather into outputs allocated once: the copy alone, without first-touch
@@ -175,6 +187,13 @@ class RawCopy:
             for layer in range(source.shape[0]):
                 source[layer].index_copy_(0, idx, part[layer])
 
+    def scatter_written(self) -> None:
+        """Scatter every byte the pool's reload must write (write-through copies included)."""
+        self.scatter()
+        for source, idx, part in self.extra_writes:
+            for layer in range(source.shape[0]):
+                source[layer].index_copy_(0, idx, part[layer])
+
 
 def bench_offload(quick: bool, offload: int, repeat: int, only: set[str] | None) -> None:
     print(
@@ -190,22 +209,28 @@ def bench_offload(quick: bool, offload: int, repeat: int, only: set[str] | None)
         snapshot = pool.get_cpu_copy(case.indices, mamba_indices=case.mamba_indices)
         raw = RawCopy(snapshot, case, gen)
         gb = snapshot.nbytes / 1e9
-        times = interleaved(
-            {
-                "get": lambda c=case: c.pool.get_cpu_copy(c.indices, mamba_indices=c.mamba_indices),
-                "raw_get": raw.gather,
-                "raw_get_prealloc": raw.gather_into_preallocated,
-                "load": lambda c=case, s=snapshot: c.pool.load_cpu_copy(
-                    s, c.new_indices, mamba_indices=c.new_mamba_indices
-                ),
-                "raw_load": raw.scatter,
-            },
-            repeat,
-        )
+        variants: dict[str, Callable[[], object]] = {
+            "get": lambda c=case: c.pool.get_cpu_copy(c.indices, mamba_indices=c.mamba_indices),
+            "raw_get": raw.gather,
+            "raw_get_prealloc": raw.gather_into_preallocated,
+            "load": lambda c=case, s=snapshot: c.pool.load_cpu_copy(
+                s, c.new_indices, mamba_indices=c.new_mamba_indices
+            ),
+            "raw_load": raw.scatter,
+        }
+        if raw.extra_writes:
+            variants["raw_load_written"] = raw.scatter_written
+        times = interleaved(variants, repeat)
         for op, base in (("get", "raw_get"), ("load", "raw_load")):
             ours, theirs = gb / times[op], gb / times[base]
             label = "get_cpu_copy " if op == "get" else "load_cpu_copy"
             extra = ""
+            if op == "load" and raw.extra_writes:
+                written = gb / times["raw_load_written"]
+                extra = (
+                    f"   (vs raw of all bytes it writes {written:5.2f}: "
+                    f"ratio {ours / written:4.2f}x)"
+                )
             if op == "get":
                 extra = (
                     f"   (raw into a preallocated snapshot {gb / times['raw_get_prealloc']:5.2f})"
