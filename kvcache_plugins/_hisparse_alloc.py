@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import torch
 
-from kvcache_core import AllocatorError, HiSparsePool, KVPool, KVSnapshot, check_slots
+from kvcache_core import AllocatorError, HiSparsePool, KVPool, check_slots
 
 from ._free_group import FreeGroup
+from ._offload_forward import ForwardsOffload
 from .allocators import PagedSlotAllocator
 
 __all__ = ["HiSparseSlotAllocator", "empty_logical_to_device"]
@@ -40,7 +41,7 @@ def empty_logical_to_device(rows: int, device: torch.device) -> torch.Tensor:
     return table
 
 
-class HiSparseSlotAllocator(FreeGroup):
+class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
     """Allocates logical slots of a :class:`HiSparsePool` and manages their device residency."""
 
     def __init__(self, kvcache: HiSparsePool, device: torch.device | str | None = None) -> None:
@@ -246,17 +247,3 @@ class HiSparseSlotAllocator(FreeGroup):
         if pages.numel():
             slots = self._slots_of(pages).to(table.device)
             table[slots] = self._slots_of(self._page_map[pages]).to(table.device)
-
-    # -- offload pass-through (every argument forwarded, by keyword) ------------------------
-    def get_cpu_copy(
-        self, indices: torch.Tensor, mamba_indices: torch.Tensor | None = None
-    ) -> KVSnapshot:
-        return self._logical.get_cpu_copy(indices, mamba_indices=mamba_indices)
-
-    def load_cpu_copy(
-        self,
-        snapshot: KVSnapshot,
-        indices: torch.Tensor,
-        mamba_indices: torch.Tensor | None = None,
-    ) -> None:
-        self._logical.load_cpu_copy(snapshot, indices, mamba_indices=mamba_indices)

@@ -25,11 +25,10 @@ from kvcache_core import (
     InvalidSlotError,
     KVCacheError,
     KVPool,
-    KVSnapshot,
-    OffloadablePool,
 )
 
 from ._free_group import FreeGroup
+from ._offload_forward import ForwardsOffload
 
 __all__ = ["PagedSlotAllocator", "TokenSlotAllocator"]
 
@@ -220,7 +219,7 @@ class _FreeIds:
             self.is_free.index_fill_(0, chunk, 1)
 
 
-class PagedSlotAllocator(FreeGroup):
+class PagedSlotAllocator(FreeGroup, ForwardsOffload):
     """Hands out whole pages of ``page_size`` slots; ``page_size=1`` is a token allocator.
 
     Page ``p`` covers slots ``[p * P, (p + 1) * P)``; page 0 (slot 0 and its page) is reserved.
@@ -467,26 +466,6 @@ class PagedSlotAllocator(FreeGroup):
         self._free.sync_marks()
         if bool(self._free.is_free[last // P]):
             raise AllocatorError(f"last_loc {last} lies in page {last // P}, which is free")
-
-    # -- offload pass-through (every argument forwarded, by keyword) ------------------------
-    def _offloadable(self) -> OffloadablePool:
-        pool = self._kvcache
-        if not isinstance(pool, OffloadablePool):
-            raise TypeError(f"{type(pool).__name__} does not support offload")
-        return pool
-
-    def get_cpu_copy(
-        self, indices: torch.Tensor, mamba_indices: torch.Tensor | None = None
-    ) -> KVSnapshot:
-        return self._offloadable().get_cpu_copy(indices, mamba_indices=mamba_indices)
-
-    def load_cpu_copy(
-        self,
-        snapshot: KVSnapshot,
-        indices: torch.Tensor,
-        mamba_indices: torch.Tensor | None = None,
-    ) -> None:
-        self._offloadable().load_cpu_copy(snapshot, indices, mamba_indices=mamba_indices)
 
 
 class TokenSlotAllocator(PagedSlotAllocator):

@@ -1,0 +1,38 @@
+"""Offload pass-through, shared by every built-in allocator that does not add to it.
+
+The contract requires an allocator's ``get_cpu_copy``/``load_cpu_copy`` to have the pool's exact
+signature and to forward every argument: an allocator that accepted ``mamba_indices`` and dropped
+it lost recurrent state on resume in a real engine. Written once, by keyword.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvcache_core import KVPool, KVSnapshot, OffloadablePool
+
+
+class ForwardsOffload:
+    """Mixin: offload calls go to ``get_kvcache()``, which must support offload."""
+
+    def get_kvcache(self) -> KVPool:
+        raise NotImplementedError  # provided by the allocator using this mixin
+
+    def _offloadable(self) -> OffloadablePool:
+        pool = self.get_kvcache()
+        if not isinstance(pool, OffloadablePool):
+            raise TypeError(f"{type(pool).__name__} does not support offload")
+        return pool
+
+    def get_cpu_copy(
+        self, indices: torch.Tensor, mamba_indices: torch.Tensor | None = None
+    ) -> KVSnapshot:
+        return self._offloadable().get_cpu_copy(indices, mamba_indices=mamba_indices)
+
+    def load_cpu_copy(
+        self,
+        snapshot: KVSnapshot,
+        indices: torch.Tensor,
+        mamba_indices: torch.Tensor | None = None,
+    ) -> None:
+        self._offloadable().load_cpu_copy(snapshot, indices, mamba_indices=mamba_indices)
