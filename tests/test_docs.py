@@ -19,3 +19,30 @@ def test_every_builtin_pool_has_a_page():
 
     pages = {p.stem for p in (DOCS / "pools").glob("*.md")}
     assert set(discover().names()) <= pages
+
+
+def test_contract_page_lists_every_protocol_method_exactly():
+    from kvcache_core import contracts
+    from kvcache_core.conformance.introspect import protocol_methods
+
+    text = (DOCS / "contract.md").read_text(encoding="utf-8")
+    protocols = [
+        contracts.KVPool,
+        contracts.OffloadablePool,
+        contracts.MLAPool,
+        contracts.IndexerKeyPool,
+        contracts.SlidingWindowPool,
+        contracts.MambaStatePool,
+        contracts.HiSparsePool,
+        contracts.TokenAllocator,
+        contracts.PagedAllocator,
+        contracts.SWAAllocator,
+        contracts.MambaSlotAllocator,
+    ]
+    missing = [
+        f"{proto.__name__}.{name}: {sig.render()}"
+        for proto in protocols
+        for name, sig in protocol_methods(proto).items()
+        if sig.render() not in text
+    ]
+    assert missing == []
