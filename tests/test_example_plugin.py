@@ -1,0 +1,89 @@
+"""A third-party plugin installed on its own (not on this repo's path) is discovered through
+its entry point, passes the checker, and round-trips through offload in a fresh process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "kvcache-example-pool"
+
+ROUND_TRIP = """
+import torch
+from kvcache_core import PoolConfig, discover
+registry = discover(strict=True)
+pool, alloc = registry.create("fused-mha", PoolConfig(size=64, layer_num=2, head_num=2,
+                                                      head_dim=4, dtype=torch.float16))
+slots = alloc.alloc(8)
+k, v = torch.randn(8, 2, 4), torch.randn(8, 2, 4)
+layer = type("L", (), {"layer_id": 1})()
+pool.set_kv_buffer(layer, slots, k, v)
+snap = alloc.get_cpu_copy(slots, mamba_indices=None)
+new = alloc.alloc(16)[8:]
+alloc.load_cpu_copy(snap, new, mamba_indices=None)
+assert torch.equal(pool.get_key_buffer(1)[new], k.half())
+assert torch.equal(pool.get_value_buffer(1)[new], v.half())
+print("round trip ok")
+"""
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    target = tmp_path_factory.mktemp("site")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            str(EXAMPLE),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(target), env.get("PYTHONPATH")]))
+    env["KVCACHE_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
+    return env
+
+
+def kvcache(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kvcache_core.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def test_listed_with_its_own_distribution(installed):
+    proc = kvcache(installed, "list", "--format", "json")
+    rows = {r["pool"]: r for r in json.loads(proc.stdout)["plugins"]}
+    assert rows["fused-mha"]["status"] == "accepted"
+    assert rows["fused-mha"]["distribution"] == "kvcache-example-pool"
+    assert rows["fused-mha"]["version"] == "0.1.0"
+
+
+def test_passes_every_checker_level(installed):
+    proc = kvcache(installed, "check", "fused-mha")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 findings" in proc.stdout and "types:OffloadablePool" in proc.stdout
+
+
+def test_round_trips_in_a_fresh_process(installed):
+    proc = subprocess.run(
+        [sys.executable, "-c", ROUND_TRIP], env=installed, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "round trip ok" in proc.stdout
