@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +36,8 @@ print("round trip ok")
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     target = tmp_path_factory.mktemp("site")
+    source = tmp_path_factory.mktemp("src") / EXAMPLE.name
+    shutil.copytree(EXAMPLE, source)  # pip builds in place: keep the checkout clean
     subprocess.run(
         [
             sys.executable,
