@@ -49,7 +49,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
             "--no-build-isolation",
             "--target",
             str(target),
-            str(EXAMPLE),
+            str(source),
         ],
         check=True,
         capture_output=True,
