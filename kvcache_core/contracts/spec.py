@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .allocator import MambaSlotAllocator, PagedAllocator, SWAAllocator, TokenAllocator
+from .allocator import PagedAllocator, TokenAllocator
 from .pool import (
     HiSparsePool,
     IndexerKeyPool,
@@ -69,10 +69,6 @@ CAPABILITY_PROTOCOLS: Mapping[Capability, tuple[str, type]] = MappingProxyType(
 
 #: Protocols every spec is checked against regardless of its capabilities.
 BASE_PROTOCOLS: Mapping[str, type] = MappingProxyType({"pool": KVPool, "allocator": TokenAllocator})
-
-# Re-exported for discovery's convenience; SWA and Mamba slot allocators are checked by the
-# plugins' own tests and the checker's behaviour level.
-_ = (SWAAllocator, MambaSlotAllocator)
 
 
 def _as_device(value: str | torch.device) -> torch.device:
