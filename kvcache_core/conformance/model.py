@@ -49,6 +49,8 @@ class Finding:
     contract_location: Location | None = None
     impl_location: Location | None = None
     severity: Severity | None = None
+    #: A runnable snippet that shows the problem on its own (behaviour findings).
+    reproduction: str = ""
 
     def __post_init__(self) -> None:
         if self.rule not in RULES:

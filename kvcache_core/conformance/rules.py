@@ -74,6 +74,11 @@ _ALL = [
     Rule("missing-attribute", Severity.ERROR, "a contract attribute is not defined"),
     Rule("type-error", Severity.ERROR, "mypy reports the class does not satisfy the Protocol"),
     Rule("behaviour-failed", Severity.ERROR, "a behavioural check failed"),
+    Rule(
+        "behaviour-unexpected-pass",
+        Severity.ERROR,
+        "a behavioural check declared as an expected failure passed",
+    ),
     Rule("load-error", Severity.ERROR, "the target could not be loaded or parsed"),
     Rule("unused-suppression", Severity.WARNING, "a suppression matched no finding"),
     Rule(

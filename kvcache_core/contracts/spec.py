@@ -150,6 +150,12 @@ class PoolSpec:
     capabilities: frozenset[Capability] = frozenset()
     contract_version: int = CONTRACT_VERSION
     description: str = ""
+    #: The config the behaviour battery builds this pool with; None picks a small CPU config
+    #: that fits the declared capabilities (see ``kvcache check --level behaviour``).
+    behaviour_config: PoolConfig | None = field(default=None, compare=False)
+    #: Behaviour checks this pool is known to fail, by check id, each with its reason. A check
+    #: listed here that passes is reported, so the list cannot outlive the bug.
+    expected_failures: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").replace("_", "").isalnum():
@@ -159,3 +165,14 @@ class PoolSpec:
         )
         if not callable(self.factory):
             raise TypeError(f"PoolSpec.factory of {self.name!r} is not callable")
+        if self.behaviour_config is not None and not isinstance(self.behaviour_config, PoolConfig):
+            raise TypeError(f"PoolSpec.behaviour_config of {self.name!r} must be a PoolConfig")
+        for check_id, reason in dict(self.expected_failures).items():
+            if not isinstance(reason, str) or not reason.strip():
+                raise ValueError(
+                    f"PoolSpec.expected_failures of {self.name!r}: check {check_id!r} needs a "
+                    "reason (why it fails, and where that is tracked)"
+                )
+        object.__setattr__(
+            self, "expected_failures", MappingProxyType(dict(self.expected_failures))
+        )
