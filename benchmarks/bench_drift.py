@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kvcache_core.conformance._sources import SourceIndex
-from kvcache_core.conformance.drift import analyze
+from kvcache_core.conformance.source.drift import analyze
+from kvcache_core.conformance.sources import SourceIndex
 from tests.checker._generated import generate
 
 BUDGET_S = 0.3

@@ -33,7 +33,7 @@ def _children_cpu() -> float:
 
 
 def _targets() -> list[ClassTarget]:
-    from kvcache_core.conformance._plugins import plugin_targets
+    from kvcache_core.conformance.plugins import plugin_targets
 
     targets, errors = plugin_targets()
     for error in errors:
@@ -42,7 +42,7 @@ def _targets() -> list[ClassTarget]:
 
 
 def _timed(targets: list[ClassTarget], cache: Path) -> tuple[float, float, int]:
-    from kvcache_core.conformance import types_level
+    from kvcache_core.conformance.types import level as types_level
 
     cpu = _children_cpu()
     started = time.perf_counter()
@@ -56,9 +56,9 @@ def _timed(targets: list[ClassTarget], cache: Path) -> tuple[float, float, int]:
 
 def _real_torch(targets: list[ClassTarget]) -> None:
     """mypy on the generated module with site-packages (the real torch), cold, once."""
-    from kvcache_core.conformance import types_level
-    from kvcache_core.conformance._mypy_gen import MODULE_NAME, TargetPlan, generate
-    from kvcache_core.conformance._sources import SourceIndex
+    from kvcache_core.conformance.sources import SourceIndex
+    from kvcache_core.conformance.types import level as types_level
+    from kvcache_core.conformance.types._gen import MODULE_NAME, TargetPlan, generate
 
     plans = []
     index = SourceIndex()

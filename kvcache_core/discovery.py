@@ -19,9 +19,9 @@ from typing import Any
 import pluggy
 
 from . import hookspecs
-from .conformance._checks import contract_methods
+from .conformance.methods import contract_methods
 from .conformance.model import Finding
-from .conformance.signature_level import signature_findings
+from .conformance.signature.level import signature_findings
 from .contracts.pool import KVPool
 from .contracts.spec import (
     BASE_PROTOCOLS,
@@ -38,6 +38,7 @@ __all__ = [
     "Registry",
     "Rejection",
     "discover",
+    "load_plugin_specs",
     "validate_spec",
 ]
 
@@ -160,7 +161,7 @@ def validate_spec(spec: object) -> tuple[Finding, ...] | str:
     return tuple(findings)
 
 
-def _load_plugin(
+def load_plugin_specs(
     pm: pluggy.PluginManager, info: PluginInfo, obj: object
 ) -> tuple[list[object], str | None]:
     """Register one plugin object and call its hook alone; return its specs or a reason."""
@@ -244,7 +245,7 @@ def discover(
 
     providers: dict[str, list[tuple[PluginInfo, PoolSpec]]] = {}
     for info, obj in candidates:
-        specs, reason = _load_plugin(pm, info, obj)
+        specs, reason = load_plugin_specs(pm, info, obj)
         if reason is not None:
             registry.rejected.append(Rejection(info, reason))
             continue

@@ -35,3 +35,58 @@ def test_plugins_use_only_the_public_face_of_core():
         for path, names in imported_modules("kvcache_plugins").items()
     }
     assert {p: n for p, n in offenders.items() if n} == {}
+
+
+def _resolved_imports(path: Path) -> list[tuple[str, str, int]]:
+    """``(absolute module, imported name, line)`` for every ``from ... import`` in ``path``."""
+    module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    package = package.removesuffix(".__init__")
+    found: list[tuple[str, str, int]] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level:
+            base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+            absolute = ".".join(base + ([node.module] if node.module else []))
+        else:
+            absolute = node.module or ""
+        found += [(absolute, alias.name, node.lineno) for alias in node.names]
+    return found
+
+
+def test_contracts_never_import_the_checker():
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line} imports {module}"
+        for path in (ROOT / "kvcache_core" / "contracts").rglob("*.py")
+        for module, _, line in _resolved_imports(path)
+        if module.startswith("kvcache_core.conformance")
+    ]
+    assert offenders == []
+
+
+def test_no_module_imports_another_modules_private_names():
+    """Private modules may serve their own subpackage; private *names* stay in their module."""
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line} imports {name} from {module}"
+        for package in ("kvcache_core", "kvcache_plugins")
+        for path in (ROOT / package).rglob("*.py")
+        for module, name, line in _resolved_imports(path)
+        if name.startswith("_") and not name.startswith("__")
+    ]
+    assert offenders == []
+
+
+def test_conformance_has_one_subpackage_per_level():
+    conformance = ROOT / "kvcache_core" / "conformance"
+    for level in ("source", "signature", "types", "behaviour"):
+        assert (conformance / level / "__init__.py").is_file(), level
+    # Private modules are shared only inside their own subpackage.
+    for path in conformance.rglob("*.py"):
+        for module, _, line in _resolved_imports(path):
+            parts = module.split(".")
+            private = [i for i, p in enumerate(parts) if p.startswith("_") and p != "__init__"]
+            if private and module.startswith("kvcache_core.conformance"):
+                owner = ".".join(parts[: private[0]])
+                here = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+                assert here.startswith(owner + "."), f"{here}:{line} reaches into {module}"

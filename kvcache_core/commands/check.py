@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..conformance._sources import SourceIndex
 from ..conformance.resolve import UsageError, parse_protocols, resolve_targets
 from ..conformance.runner import (
     ALL_LEVELS,
@@ -20,6 +19,7 @@ from ..conformance.runner import (
     parse_levels,
     run_levels,
 )
+from ..conformance.sources import SourceIndex
 from ..contracts.spec import CONTRACT_VERSION
 from ._output import add_output_options, finish, load_config, usage_error
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..conformance._sources import python_files
-from ..conformance.drift import DEFAULT_METHODS, DRIFT_RULES, analyze
 from ..conformance.resolve import UsageError
+from ..conformance.source.drift import DEFAULT_METHODS, DRIFT_RULES, analyze
+from ..conformance.sources import python_files
 from ._output import add_output_options, finish, load_config, usage_error
 
 __all__ = ["register", "run"]

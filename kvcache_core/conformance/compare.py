@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..contracts.signature import MethodSig, Param, ParamKind, normalize_annotation
 from .model import Finding, Location
-from .signature_model import MethodSig, Param, ParamKind, normalize_annotation
 
 __all__ = ["compare_signatures"]
 

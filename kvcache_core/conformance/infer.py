@@ -18,8 +18,8 @@ checked as a ``TokenAllocator``, not as an ``OffloadablePool``.
 
 from __future__ import annotations
 
-from ._checks import PROTOCOL_ORDER
-from ._sources import ClassSource, SourceIndex
+from .methods import PROTOCOL_ORDER
+from .sources import ClassSource, SourceIndex
 
 __all__ = ["declared_protocols", "defined_methods", "infer_protocols"]
 

@@ -18,11 +18,11 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from ._checks import PROTOCOL_ORDER
-from ._plugins import plugin_targets
-from ._sources import ClassSource, SourceIndex, module_name_for, python_files
 from .infer import infer_protocols
+from .methods import PROTOCOL_ORDER
 from .model import CheckResult, Finding, Location, Outcome
+from .plugins import plugin_targets
+from .sources import ClassSource, SourceIndex, module_name_for, python_files
 from .target import ClassTarget
 
 __all__ = ["UsageError", "is_path", "parse_protocols", "resolve_targets"]

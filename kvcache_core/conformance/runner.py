@@ -16,11 +16,11 @@ from typing import cast
 
 from ..contracts.history import VERSIONS
 from ..contracts.spec import CONTRACT_VERSION
-from . import signature_level, source_level
-from ._sources import SourceIndex
+from . import signature, source
 from .model import CheckResult, Outcome
 from .resolve import UsageError
 from .rules import RULES, Severity
+from .sources import SourceIndex
 from .target import ClassTarget
 
 __all__ = [
@@ -43,7 +43,7 @@ ALL_LEVELS: tuple[str, ...] = ("source", "signature", "types", "behaviour")
 DEFAULT_LEVELS: tuple[str, ...] = ("source", "signature", "types")
 
 LevelRun = Callable[..., list[CheckResult]]
-_TYPES_MODULE = "kvcache_core.conformance.types_level"
+_TYPES_MODULE = "kvcache_core.conformance.types.level"
 
 
 def parse_levels(values: Sequence[str] | None) -> tuple[str, ...]:
@@ -114,15 +114,13 @@ def run_levels(
         if level == "source":
             results += _guarded(
                 level,
-                source_level.run,
+                source.run,
                 targets,
                 contract_version=contract_version,
                 index=index if index is not None else SourceIndex(),
             )
         elif level == "signature":
-            results += _guarded(
-                level, signature_level.run, targets, contract_version=contract_version
-            )
+            results += _guarded(level, signature.run, targets, contract_version=contract_version)
         elif level == "types":
             run = _types_level()
             if isinstance(run, str):

@@ -1,7 +1,7 @@
 """The kvcache contract: Protocols, the write-location record, snapshots, specs, history."""
 
 from .allocator import MambaSlotAllocator, PagedAllocator, SWAAllocator, TokenAllocator
-from .history import VERSIONS, ContractVersion, change_note
+from .history import VERSIONS, ContractVersion
 from .pool import (
     HiSparsePool,
     IndexerKeyPool,
@@ -49,7 +49,6 @@ __all__ = [
     "SWAAllocator",
     "SlidingWindowPool",
     "TokenAllocator",
-    "change_note",
     "expect_snapshot",
     "unwrap_write_loc",
 ]

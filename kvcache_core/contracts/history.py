@@ -10,9 +10,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from ..conformance.signature_model import MethodSig, Param, ParamKind
+from .signature import MethodSig, Param, ParamKind
 
-__all__ = ["VERSIONS", "ContractVersion", "change_note"]
+__all__ = ["VERSIONS", "ContractVersion"]
 
 _KW = ParamKind.POSITIONAL_OR_KEYWORD
 _T = "torch.Tensor"
@@ -101,26 +101,3 @@ _V2 = ContractVersion(
 )
 
 VERSIONS: Mapping[int, ContractVersion] = MappingProxyType({1: _V1, 2: _V2})
-
-
-def change_note(method: str, impl: MethodSig, current: int) -> str:
-    """If ``impl`` exactly matches an older version of ``method``, say so and what changed."""
-    from ..conformance.compare import compare_signatures
-
-    for number in sorted(VERSIONS, reverse=True):
-        if number >= current:
-            continue
-        old = VERSIONS[number].methods.get(method)
-        if old is None:
-            continue
-        errors = [
-            f for f in compare_signatures(old, impl, target="") if f.rule != "return-mismatch"
-        ]
-        if not errors:
-            changes = [
-                VERSIONS[v].changes[method]
-                for v in range(number + 1, current + 1)
-                if method in VERSIONS[v].changes
-            ]
-            return f"matches contract {number}; " + "; ".join(changes) if changes else ""
-    return ""

@@ -106,7 +106,7 @@ def test_types_level_runs_or_reports_that_it_cannot(run_cli, clean_file, monkeyp
 
 
 @pytest.mark.skipif(
-    importlib.util.find_spec("kvcache_core.conformance.types_level") is None,
+    importlib.util.find_spec("kvcache_core.conformance.types.level") is None,
     reason="types level not installed",
 )
 def test_default_levels_include_types(run_cli, isolated_modules):

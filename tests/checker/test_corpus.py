@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvcache_core.conformance import signature_level, source_level
+from kvcache_core.conformance import signature as signature_level
+from kvcache_core.conformance import source as source_level
 from kvcache_core.conformance.model import Outcome
 
 from ._corpus import CORPUS, diff, expectations, reported
@@ -151,7 +152,7 @@ TYPES_VISIBLE = {
 
 
 def test_types_level_reports_every_drift_mypy_can_see(corpus_targets, tmp_path):
-    from kvcache_core.conformance import types_level
+    from kvcache_core.conformance.types import level as types_level
 
     targets, _ = corpus_targets
     checked = [t for t in targets if "source_only" not in (t.path or "")]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvcache_core.conformance.drift import analyze
 from kvcache_core.conformance.model import Outcome
+from kvcache_core.conformance.source.drift import analyze
 
 from ._corpus import CORPUS, diff, expectations, reported
 from ._generated import generate

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from kvcache_core.conformance import source_level
-from kvcache_core.conformance._sources import ClassSource, ExternalBase, SourceIndex
+from kvcache_core.conformance import source as source_level
 from kvcache_core.conformance.model import Outcome
 from kvcache_core.conformance.resolve import resolve_targets
+from kvcache_core.conformance.sources import ClassSource, ExternalBase, SourceIndex
 from kvcache_core.conformance.target import ClassTarget
 
 from ._corpus import CORPUS

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kvcache_core.conformance._mypy_run import find_stubs_dir
+from kvcache_core.conformance.types._mypy import find_stubs_dir
 
 RUNNER = Path(__file__).resolve().parent / "_stubtest_runner.py"
 

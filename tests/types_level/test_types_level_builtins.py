@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import kvcache_plugins
-from kvcache_core.conformance import types_level
-from kvcache_core.conformance._plugins import plugin_targets
 from kvcache_core.conformance.model import Outcome
+from kvcache_core.conformance.plugins import plugin_targets
 from kvcache_core.conformance.target import ClassTarget
+from kvcache_core.conformance.types import level as types_level
 
 PLUGINS = Path(kvcache_plugins.__file__).resolve().parent
 

@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from kvcache_core.conformance import types_level
 from kvcache_core.conformance.model import CheckResult, Finding, Outcome
 from kvcache_core.conformance.target import ClassTarget
+from kvcache_core.conformance.types import level as types_level
 
 CORPUS = Path(__file__).resolve().parent.parent / "types_corpus"
 POOLS = CORPUS / "drifted_pools.py"
 ALLOCATORS = CORPUS / "drifted_allocators.py"
 UNRESOLVABLE = CORPUS / "unresolvable.py"
 OFFLOAD = ("KVPool", "OffloadablePool")
-CONTRACT_POOL = Path(types_level.__file__).resolve().parents[1] / "contracts" / "pool.py"
+CONTRACT_POOL = Path(types_level.__file__).resolve().parents[2] / "contracts" / "pool.py"
 
 
 def _pool(name: str, protocols: tuple[str, ...] = OFFLOAD, path: Path = POOLS) -> ClassTarget:

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from kvcache_core.conformance import _mypy_run, types_level
 from kvcache_core.conformance.model import Outcome
 from kvcache_core.conformance.target import ClassTarget
+from kvcache_core.conformance.types import _mypy as _mypy_run
+from kvcache_core.conformance.types import level as types_level
 
 CORPUS = Path(__file__).resolve().parent.parent / "types_corpus"
 OFFLOAD = ("KVPool", "OffloadablePool")

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from kvcache_core.conformance._mypy_contract import contract_member
-from kvcache_core.conformance._mypy_findings import member_finding, signature_from_note
-from kvcache_core.conformance._mypy_run import _parse
 from kvcache_core.conformance.model import Finding, Location
+from kvcache_core.conformance.types._contract import contract_member
+from kvcache_core.conformance.types._findings import member_finding, signature_from_note
+from kvcache_core.conformance.types._mypy import _parse
 from kvcache_core.contracts import OffloadablePool
 
 MODULE = "_kvcache_types_check.py"

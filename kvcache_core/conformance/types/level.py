@@ -16,16 +16,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..contracts.spec import CONTRACT_VERSION
-from ._checks import protocol_by_name, split_by_protocol
-from ._mypy_contract import ContractMember, contract_member
-from ._mypy_findings import member_finding
-from ._mypy_gen import MODULE_NAME, Generated, Role, TargetPlan, generate
-from ._mypy_locate import impl_location, impl_signature
-from ._mypy_run import MypyMessage, MypyRun, default_cache_dir, find_stubs_dir, link_roots, run_mypy
-from ._sources import SourceIndex, module_name_for
-from .model import CheckResult, Finding, Location, Outcome
-from .target import ClassTarget
+from ...contracts.spec import CONTRACT_VERSION
+from ..methods import protocol_by_name, split_by_protocol
+from ..model import CheckResult, Finding, Location, Outcome
+from ..sources import SourceIndex, module_name_for
+from ..target import ClassTarget
+from ._contract import ContractMember, contract_member
+from ._findings import member_finding
+from ._gen import MODULE_NAME, Generated, Role, TargetPlan, generate
+from ._locate import impl_location, impl_signature
+from ._mypy import MypyMessage, MypyRun, default_cache_dir, find_stubs_dir, link_roots, run_mypy
 
 __all__ = ["LEVEL", "run"]
 

@@ -21,8 +21,9 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 
-from ..contracts.spec import CONTRACT_VERSION
-from ._checks import (
+from ...contracts.signature import sig_from_callable
+from ...contracts.spec import CONTRACT_VERSION
+from ..methods import (
     contract_methods,
     method_findings,
     missing_method,
@@ -30,10 +31,9 @@ from ._checks import (
     protocol_by_name,
     split_by_protocol,
 )
-from ._sources import module_name_for
-from .model import CheckResult, Finding, Location, Outcome
-from .signature_model import sig_from_callable
-from .target import ClassTarget
+from ..model import CheckResult, Finding, Location, Outcome
+from ..sources import module_name_for
+from ..target import ClassTarget
 
 __all__ = ["LEVEL", "class_location", "import_target", "run", "signature_findings"]
 

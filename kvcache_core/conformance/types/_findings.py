@@ -15,12 +15,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import replace
 
-from ..contracts.history import change_note
-from ._mypy_contract import ContractMember
-from .compare import compare_signatures
-from .model import Finding, Location
-from .rules import RULES
-from .signature_model import MethodSig, sig_from_ast
+from ...contracts.signature import MethodSig, sig_from_ast
+from ..compare import compare_signatures
+from ..model import Finding, Location
+from ..rules import RULES
+from ..versions import change_note
+from ._contract import ContractMember
 
 __all__ = ["member_finding", "signature_from_note"]
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from ..contracts.spec import CONTRACT_VERSION
-from ._checks import (
+from ...contracts.signature import sig_from_ast
+from ...contracts.spec import CONTRACT_VERSION
+from ..methods import (
     attribute_finding,
     contract_attributes,
     contract_methods,
@@ -22,10 +23,9 @@ from ._checks import (
     protocol_by_name,
     split_by_protocol,
 )
-from ._sources import ClassSource, ExternalBase, SourceIndex
-from .model import CheckResult, Finding, Location, Outcome
-from .signature_model import sig_from_ast
-from .target import ClassTarget
+from ..model import CheckResult, Finding, Location, Outcome
+from ..sources import ClassSource, ExternalBase, SourceIndex
+from ..target import ClassTarget
 
 __all__ = ["LEVEL", "check_class", "outcome_for", "run"]
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from functools import cache
 from types import ModuleType
 
-from ..contracts.history import VERSIONS
-from ..contracts.spec import CONTRACT_VERSION
-from .signature_model import MethodSig, sig_from_ast
+from ...contracts.history import VERSIONS
+from ...contracts.signature import MethodSig, sig_from_ast
+from ...contracts.spec import CONTRACT_VERSION
 
 __all__ = ["ContractMember", "contract_member"]
 

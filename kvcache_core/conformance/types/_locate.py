@@ -11,9 +11,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from ._sources import ClassSource, SourceIndex
-from .model import Location
-from .signature_model import MethodSig, sig_from_ast
+from ...contracts.signature import MethodSig, sig_from_ast
+from ..model import Location
+from ..sources import ClassSource, SourceIndex
 
 __all__ = ["impl_location", "impl_signature"]
 

@@ -13,13 +13,14 @@ import re
 from collections.abc import Sequence
 from functools import cache
 
-from ..contracts.history import VERSIONS, change_note
+from ..contracts.history import VERSIONS
+from ..contracts.signature import MethodSig
 from ..contracts.spec import CONTRACT_VERSION
-from ._bodies import dropped_parameters, only_raises_not_implemented, raw_loc_uses
+from .bodies import dropped_parameters, only_raises_not_implemented, raw_loc_uses
 from .compare import compare_signatures
 from .introspect import protocol_attributes, protocol_methods
 from .model import Finding, Location, Outcome
-from .signature_model import MethodSig
+from .versions import change_note
 
 __all__ = [
     "PROTOCOL_ORDER",

@@ -24,12 +24,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ._checks import outcome_for
-from ._sources import ClassSource, ModuleSource, SourceIndex, module_name_for, python_files
-from .compare import compare_signatures
-from .model import CheckResult, Finding, Location, Outcome
-from .resolve import UsageError
-from .signature_model import MethodSig, ParamKind, sig_from_ast
+from ...contracts.signature import MethodSig, ParamKind, sig_from_ast
+from ..compare import compare_signatures
+from ..methods import outcome_for
+from ..model import CheckResult, Finding, Location, Outcome
+from ..resolve import UsageError
+from ..sources import ClassSource, ModuleSource, SourceIndex, module_name_for, python_files
 
 __all__ = ["DEFAULT_METHODS", "DRIFT_RULES", "analyze"]
 

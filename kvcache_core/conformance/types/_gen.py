@@ -18,7 +18,7 @@ import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ._mypy_contract import ContractMember
+from ._contract import ContractMember
 
 __all__ = ["CLASS_PROBES", "Generated", "LineRole", "Role", "TargetPlan", "generate"]
 

@@ -17,7 +17,7 @@ import pluggy
 
 from .. import hookspecs
 from ..contracts.spec import CAPABILITY_PROTOCOLS, PoolSpec
-from ..discovery import PluginInfo, _load_plugin
+from ..discovery import PluginInfo, load_plugin_specs
 from .model import CheckResult, Finding, Outcome
 from .target import ClassTarget
 
@@ -108,7 +108,7 @@ def plugin_targets(
             continue
         pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
         pm.add_hookspecs(hookspecs)
-        specs, reason = _load_plugin(pm, info, obj)
+        specs, reason = load_plugin_specs(pm, info, obj)
         if reason is not None:
             errors.append(_load_failed(ep.name, reason))
             continue
