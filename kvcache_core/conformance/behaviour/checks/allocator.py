@@ -243,7 +243,7 @@ def allocator_machine(ctx: CheckContext, log: list[list[str]]) -> type[RuleBased
             """Free a slot that is already free (or slot 0), between legitimate frees."""
             held = self.model.held_pages()
             free_pages = [p for p in range(1, self.model.pages + 1) if p not in held]
-            bad_page = data.draw(st.sampled_from([0, *free_pages[:3]]), label="bad page")
+            bad_page = data.draw(st.sampled_from([*free_pages[:3], 0]), label="bad page")
             bad = bad_page * self.page
             calls: list[tuple[str, Any]] = []
 
