@@ -46,9 +46,9 @@ __all__ = ["AllocatorModel", "ModelViolation", "allocator_machine"]
 MAX_EXAMPLES = 20
 STEPS = 20
 #: Seconds hypothesis may spend shrinking a failure (its own default is 300). Shrinking is where
-#: a failing pool's time goes; a second finds the short sequences these bugs have. Applied
+#: a failing pool's time goes; half a second finds the short sequences these bugs have. Applied
 #: through hypothesis's engine constant when this hypothesis version has it.
-SHRINK_SECONDS = 1.0
+SHRINK_SECONDS = 0.5
 
 _PREAMBLE = [
     "from kvcache_core import DoubleFreeError, InvalidSlotError",
