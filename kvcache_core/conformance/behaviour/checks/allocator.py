@@ -182,6 +182,36 @@ def allocator_machine(ctx: CheckContext, log: list[list[str]]) -> type[RuleBased
                 self.fail(f"{call} handed out slot(s) {bad} outside [{self.page}, {self.limit})")
             return values
 
+        def ensure_request(self, tokens: int | None = None) -> None:
+            """Allocate one more request (``tokens`` long through alloc_extend, else one page
+            through alloc) when there is room: rules that need one do not wait for luck."""
+            if self.model.free_pages() < 1:
+                return
+            if tokens is None:
+                call = f"allocator.alloc({self.page})"
+                self.log(f"out = {call}")
+                out = self.allocator.alloc(self.page)
+                count = self.page
+            else:
+                call = f"allocator.alloc_extend(torch.tensor([0]), {_t([tokens])}, " + (
+                    f"torch.tensor([-1]), {tokens})"
+                )
+                self.log(f"out = {call}")
+                out = self.allocator.alloc_extend(
+                    torch.tensor([0]), torch.tensor([tokens]), torch.tensor([-1]), tokens
+                )
+                count = tokens
+            if out is None:
+                self.log("assert out is not None")
+                self.fail(f"{call} returned None with {self.model.available()} slot(s) free")
+            self.model.add(self.check_new(out, count, call))
+
+        def free_one(self, rid: int) -> None:
+            slots = self.model.requests.pop(rid)
+            self.model.stale.append(slots)
+            self.log(f"allocator.free({_t(slots)})")
+            self.allocator.free(torch.tensor(slots, dtype=torch.int64))
+
         def pick(self, data: st.DataObject, label: str) -> int | None:
             if not self.model.requests:
                 return None
@@ -323,6 +353,24 @@ def allocator_machine(ctx: CheckContext, log: list[list[str]]) -> type[RuleBased
             self.log("state = allocator.backup_state()")
             self.saved = (self.allocator.backup_state(), self.model.copy())
 
+        @rule()
+        def backup_inside_group(self) -> None:
+            """A backup taken while a free group collects frees, restored right away: the
+            frees called before the backup are part of the state it saved."""
+            self.ensure_request()
+            ids = sorted(self.model.requests)[:2]
+            self.log("allocator.free_group_begin()")
+            self.allocator.free_group_begin()
+            if ids:
+                self.free_one(ids[0])
+            self.log("state = allocator.backup_state()")
+            self.saved = (self.allocator.backup_state(), self.model.copy())
+            if len(ids) > 1:
+                self.free_one(ids[1])
+            self.log("allocator.free_group_end()")
+            self.allocator.free_group_end()
+            self.restore()
+
         @precondition(lambda self: self.saved is not None)
         @rule()
         def restore(self) -> None:
@@ -436,10 +484,18 @@ def allocator_machine(ctx: CheckContext, log: list[list[str]]) -> type[RuleBased
             """A decode whose ``last_loc`` lies in a page that is free must be refused: it
             would hand out a slot of a free page (corrupting whoever gets that page next)."""
             P = self.page
+            if P == 1:
+                return
             held = self.model.held_pages()
             candidates = [s for s in self.model.stale if len(s) % P and s[-1] // P not in held]
-            if P == 1 or not candidates:
-                return
+            if not candidates:  # make one: a request ending inside its page, freed
+                before = set(self.model.requests)
+                self.ensure_request(tokens=data.draw(st.integers(1, P - 1), label="tokens"))
+                new = sorted(set(self.model.requests) - before)
+                if not new:
+                    return
+                self.free_one(new[0])
+                candidates = [self.model.stale[-1]]
             slots = data.draw(st.sampled_from(candidates), label="freed request")
             call = f"allocator.alloc_decode({_t([len(slots) + 1])}, {_t([slots[-1]])})"
             self.log(
