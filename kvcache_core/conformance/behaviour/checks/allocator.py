@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from hypothesis import HealthCheck, Verbosity, settings
+from hypothesis import HealthCheck, Phase, Verbosity, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -49,6 +49,14 @@ STEPS = 20
 #: a failing pool's time goes; half a second finds the short sequences these bugs have. Applied
 #: through hypothesis's engine constant when this hypothesis version has it.
 SHRINK_SECONDS = 0.5
+
+#: Per-side free-space methods of composite allocators, checked when present.
+SIDE_SIZES = (
+    "full_available_size",
+    "swa_available_size",
+    "logical_available_size",
+    "device_available_size",
+)
 
 _PREAMBLE = [
     "from kvcache_core import DoubleFreeError, InvalidSlotError",
@@ -138,10 +146,20 @@ def allocator_machine(ctx: CheckContext, log: list[list[str]]) -> type[RuleBased
                     f"multiple of page_size {page}"
                 )
             self.model = AllocatorModel(page, start // page)
+            # Composite allocators (SWA, HiSparse) report each side too; every call modelled
+            # here takes and returns the same pages on every side, so each side's free space
+            # is its fresh value minus the held pages. A side can hide a leak from the smaller
+            # side's available_size().
+            self.sides: dict[str, int] = {}
+            for name in SIDE_SIZES:
+                method = getattr(self.allocator, name, None)
+                if callable(method):
+                    self.sides[name] = int(method())
             self.saved: tuple[object, tuple[dict[int, list[int]], int]] | None = None
 
         # -- helpers ---------------------------------------------------------------------
         def fail(self, message: str) -> None:
+            self.lines.append(f"# fails here: {message}")
             raise ModelViolation(message)
 
         def log(self, *lines: str) -> None:
@@ -156,6 +174,15 @@ def allocator_machine(ctx: CheckContext, log: list[list[str]]) -> type[RuleBased
                     f"{when}: available_size() is {got}, the model has {want} "
                     f"({self.model.free_pages()} free page(s) of {self.page})"
                 )
+            taken = self.page * (self.model.pages - self.model.free_pages())
+            for name, fresh in self.sides.items():
+                self.log(f"assert allocator.{name}() == {fresh - taken}")
+                side = getattr(self.allocator, name)()
+                if side != fresh - taken:
+                    self.fail(
+                        f"{when}: {name}() is {side}, the model has {fresh - taken} "
+                        f"({fresh} fresh, {taken} held)"
+                    )
 
         def check_new(self, out: Any, count: int, call: str) -> list[int]:
             """Slots a successful allocation returned: ``count`` of them, each in range, not
@@ -564,12 +591,17 @@ def allocator_state_machine(ctx: CheckContext) -> None:
         suppress_health_check=list(HealthCheck),
         verbosity=Verbosity.quiet,
         report_multiple_bugs=False,
+        # No "explain" phase: it re-runs variations after the shrunk failure, and the step log
+        # must be the failing run's.
+        phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink),
     )
     try:
         with _shrink_budget(SHRINK_SECONDS):
             run_state_machine_as_test(machine, settings=config)
     except Exception as exc:
-        steps = log[-1] if log else []
+        # The run that raised this very failure (the final replay of the shortest one found).
+        marker = f"# fails here: {exc}"
+        steps = next((run for run in reversed(log) if marker in run), log[-1] if log else [])
         what = (
             str(exc) if isinstance(exc, ModelViolation) else f"raised {type(exc).__name__}: {exc}"
         )
