@@ -69,3 +69,6 @@ def test_an_accepted_bad_reload_is_reported(monkeypatch: pytest.MonkeyPatch) -> 
     (finding,) = result.findings
     assert "with one new index too few (another token count) raised" in finding.message
     assert "pool.load_cpu_copy(snapshot, dst[:-1])" in finding.message
+    shown = exec_reproduction(finding.reproduction, monkeypatch)  # the patch still applies
+    assert isinstance(shown, AssertionError)
+    assert "raised IndexError, not a KVCacheError" in str(shown)

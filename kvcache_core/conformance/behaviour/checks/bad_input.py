@@ -255,6 +255,16 @@ def bad_write_rejected(ctx: CheckContext) -> None:
         ]
     for name, bad in _unknown_layers(config):
         cases.append(Case(name, f"pool.set_kv_buffer(Layer({bad}), slots, k, v)"))
+    if Capability.SLIDING_WINDOW in caps:  # window slots are checked against the window
+        window_limit = f"{config.swa_size or config.size} + pool.page_size"
+        for layer in config.swa_layer_ids:
+            cases.append(
+                Case(
+                    f"an out-of-range swa_loc (window layer {layer})",
+                    f"pool.set_kv_buffer(Layer({layer}), KVWriteLoc(slots, "
+                    f"swa_loc=torch.tensor([1, 2, {window_limit}])), k, v)",
+                )
+            )
     for mamba_layer in config.mamba_layer_ids if Capability.MAMBA_STATE in caps else ():
         cases.append(
             Case(
