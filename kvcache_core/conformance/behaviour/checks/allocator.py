@@ -557,16 +557,18 @@ def _shrink_budget(seconds: float) -> Iterator[None]:
     """Bound hypothesis's shrinking time for this run (restored afterwards)."""
     from hypothesis.internal.conjecture import engine
 
-    with _BUDGET_LOCK:
-        old = getattr(engine, "MAX_SHRINKING_SECONDS", None)
-        if old is None:
-            yield
-            return
-        engine.MAX_SHRINKING_SECONDS = seconds  # type: ignore[assignment]
-        try:
-            yield
-        finally:
-            engine.MAX_SHRINKING_SECONDS = old
+    old = getattr(engine, "MAX_SHRINKING_SECONDS", None)
+    # Another run holding it (or a hung check left behind on its thread) keeps its budget;
+    # this run then shrinks under hypothesis's own limit rather than wait.
+    if old is None or not _BUDGET_LOCK.acquire(blocking=False):
+        yield
+        return
+    engine.MAX_SHRINKING_SECONDS = seconds  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        engine.MAX_SHRINKING_SECONDS = old
+        _BUDGET_LOCK.release()
 
 
 @behaviour_check(
