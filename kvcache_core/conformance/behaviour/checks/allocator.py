@@ -43,7 +43,7 @@ __all__ = ["AllocatorModel", "ModelViolation", "allocator_machine"]
 
 #: Small on purpose: the whole battery must stay within seconds; a fixed seed (derandomize)
 #: makes the same pool fail the same way on every run and machine.
-MAX_EXAMPLES = 20
+MAX_EXAMPLES = 15
 STEPS = 20
 #: Seconds hypothesis may spend shrinking a failure (its own default is 300). Shrinking is where
 #: a failing pool's time goes; half a second finds the short sequences these bugs have. Applied
