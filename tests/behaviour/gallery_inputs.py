@@ -1,0 +1,213 @@
+"""Deliberately broken pools, each failing exactly one behaviour check: the bad-input,
+allocator, forwarding and size checks must each catch the bug they exist for, and nothing else
+may trip over it.
+
+Each pool subclasses a built-in and breaks one thing the way real pools have: a write that
+validates V only after storing K, an allocator that hands a slot out twice, an allocator that
+drops ``mamba_indices`` on reload, an offload that lets a raw ``IndexError`` escape, a size that
+forgets V. Also a pluggy plugin (``kvcache_pool_specs``), so ``discover(plugins=[this module])``
+can build them by name, which is how a finding's reproduction builds its pool.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvcache_core import (
+    AllocatorError,
+    Capability,
+    KVSnapshot,
+    KVWriteLoc,
+    LayerLike,
+    PoolConfig,
+    PoolSpec,
+    check_rows,
+    hookimpl,
+    unwrap_write_loc,
+)
+from kvcache_plugins._layers import layer_id_of, write_slots
+from kvcache_plugins.allocators import PagedSlotAllocator
+from kvcache_plugins.mha import MHATokenToKVPool
+
+__all__ = ["GALLERY", "kvcache_pool_specs"]
+
+
+class HalfWritePool(MHATokenToKVPool):
+    """Stores K, then checks V: a bad V raises after K is already overwritten."""
+
+    def set_kv_buffer(
+        self,
+        layer: LayerLike,
+        loc: KVWriteLoc | torch.Tensor,
+        cache_k: torch.Tensor,
+        cache_v: torch.Tensor,
+        k_scale: float | None = None,
+        v_scale: float | None = None,
+    ) -> None:
+        local = self._local(layer_id_of(layer))
+        full, _ = unwrap_write_loc(loc)
+        slots = write_slots(full, limit=self.rows, check_values=True, device=self.device)
+        n = slots.numel()
+        k = check_rows(cache_k, name="cache_k", rows=n, row_shape=self._k.row_shape)
+        self._k.write(local, slots, self._k.to_storage(k, k_scale))
+        v = check_rows(cache_v, name="cache_v", rows=n, row_shape=self._v.row_shape)
+        self._v.write(local, slots, self._v.to_storage(v, v_scale))
+
+
+class RawIndexErrorPool(MHATokenToKVPool):
+    """Gathers out-of-range offload indices without checking them: torch's IndexError escapes."""
+
+    def get_cpu_copy(
+        self, indices: torch.Tensor, mamba_indices: torch.Tensor | None = None
+    ) -> KVSnapshot:
+        if indices.numel() and int(indices.max()) >= self.rows:
+            self._k.data[:, indices]  # raises IndexError: index out of bounds
+        return super().get_cpu_copy(indices, mamba_indices=mamba_indices)
+
+
+class UndercountPool(MHATokenToKVPool):
+    """Reports the K buffers only, as if V were free."""
+
+    def get_kv_size_bytes(self) -> int:
+        return self._k.nbytes
+
+
+class SoundAllocator(PagedSlotAllocator):
+    """The built-in paged allocator without its three known bugs (fixed in another branch):
+    a bad free in a free group took the group's other frees down, a backup taken inside a
+    group forgot the frees collected so far, and a decode did not see queued frees when
+    checking ``last_loc``. Every gallery pool uses it, so each differs from a correct pool by
+    its one deliberate bug and fails exactly one check, today and after that fix."""
+
+    def _release_group(self) -> None:
+        group, self._group = self._group, None
+        for indices in group or []:
+            self.free(indices)  # one queued call each: a bad one cannot take the others down
+
+    def free_group_end(self) -> None:
+        if self._group is None:
+            raise AllocatorError("free_group_end called without free_group_begin")
+        self._release_group()
+
+    def backup_state(self) -> object:
+        if self._group is not None:
+            self._release_group()
+            self._group = []
+        return super().backup_state()
+
+    def _check_last_loc(self, last: int, tokens_before: int) -> None:
+        self._settle()
+        super()._check_last_loc(last, tokens_before)
+
+
+class TwiceAllocator(SoundAllocator):
+    """Remembers the first page it was given back and hands it out again with every alloc."""
+
+    _recycled: int | None = None
+
+    def free(self, indices: torch.Tensor) -> None:
+        super().free(indices)
+        first = int(indices.reshape(-1)[0]) if indices.numel() else 0
+        if self._recycled is None and first > 0:
+            self._recycled = first - first % self.page_size
+
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        out = super().alloc(need_size)
+        if out is not None and out.numel() and self._recycled is not None:
+            out = out.clone()
+            page = self._recycled
+            out[: self.page_size] = torch.arange(page, page + self.page_size)
+        return out
+
+
+class DropsMambaOnReload(SoundAllocator):
+    """Accepts ``mamba_indices`` on reload and does not pass it on (the pool's default wins)."""
+
+    def load_cpu_copy(
+        self,
+        snapshot: KVSnapshot,
+        indices: torch.Tensor,
+        mamba_indices: torch.Tensor | None = None,
+    ) -> None:
+        self._offloadable().load_cpu_copy(snapshot, indices)
+
+
+def _mha(config: PoolConfig, pool_class: type[MHATokenToKVPool]) -> MHATokenToKVPool:
+    return pool_class(
+        size=config.size,
+        page_size=config.page_size,
+        dtype=config.dtype,
+        head_num=config.head_num,
+        head_dim=config.head_dim,
+        layer_num=config.layer_num,
+        device=config.device,
+        v_head_dim=config.v_head_dim,
+        start_layer=config.start_layer,
+        check_write_slots=config.checks_write_slots,
+    )
+
+
+def _spec(name: str, pool_class: type, allocator_class: type, factory: object) -> PoolSpec:
+    return PoolSpec(
+        name=name,
+        pool_class=pool_class,
+        allocator_class=allocator_class,
+        factory=factory,  # type: ignore[arg-type]
+        capabilities=frozenset({Capability.OFFLOAD, Capability.PAGED}),  # those of mha
+        description="deliberately broken (behaviour gallery)",
+    )
+
+
+def _half_write(config: PoolConfig) -> tuple[MHATokenToKVPool, SoundAllocator]:
+    pool = _mha(config, HalfWritePool)
+    return pool, SoundAllocator(config.size, config.page_size, pool)
+
+
+def _raw_index_error(config: PoolConfig) -> tuple[MHATokenToKVPool, SoundAllocator]:
+    pool = _mha(config, RawIndexErrorPool)
+    return pool, SoundAllocator(config.size, config.page_size, pool)
+
+
+def _undercount(config: PoolConfig) -> tuple[MHATokenToKVPool, SoundAllocator]:
+    pool = _mha(config, UndercountPool)
+    return pool, SoundAllocator(config.size, config.page_size, pool)
+
+
+def _twice(config: PoolConfig) -> tuple[MHATokenToKVPool, TwiceAllocator]:
+    pool = _mha(config, MHATokenToKVPool)
+    return pool, TwiceAllocator(config.size, config.page_size, pool)
+
+
+def _drops_mamba(config: PoolConfig) -> tuple[MHATokenToKVPool, DropsMambaOnReload]:
+    pool = _mha(config, MHATokenToKVPool)
+    return pool, DropsMambaOnReload(config.size, config.page_size, pool)
+
+
+#: (the one check each pool must fail, its spec).
+GALLERY: list[tuple[str, PoolSpec]] = [
+    (
+        "bad-write-rejected",
+        _spec("gallery-half-write", HalfWritePool, SoundAllocator, _half_write),
+    ),
+    (
+        "bad-offload-rejected",
+        _spec("gallery-raw-index-error", RawIndexErrorPool, SoundAllocator, _raw_index_error),
+    ),
+    (
+        "kv-size-bytes",
+        _spec("gallery-size-undercount", UndercountPool, SoundAllocator, _undercount),
+    ),
+    (
+        "allocator-state-machine",
+        _spec("gallery-slot-handed-out-twice", MHATokenToKVPool, TwiceAllocator, _twice),
+    ),
+    (
+        "allocator-forwards-offload",
+        _spec("gallery-drops-mamba-on-reload", MHATokenToKVPool, DropsMambaOnReload, _drops_mamba),
+    ),
+]
+
+
+@hookimpl
+def kvcache_pool_specs() -> list[PoolSpec]:
+    return [spec for _, spec in GALLERY]
