@@ -92,11 +92,13 @@ def pytest_configure(config: pytest.Config) -> None:
         plan = plan_conformance(names or None, configured=configured)
     except UsageError as exc:
         message = f"--kvcache-conformance: {exc}"
-        bad = [n for n in names if os.path.exists(n)]
-        if bad:
+        paths = [n for n in names if os.path.exists(n)]
+        if paths:
+            rest = [n for n in names if n not in paths]
+            fixed = f"--kvcache-conformance={','.join(rest)}" if rest else "--kvcache-conformance"
             message += (
-                f" ({bad[0]!r} is a path: the option took it as a name; write "
-                f"`--kvcache-conformance={','.join(names)}` or put the option after the paths)"
+                f" ({paths[0]!r} is a path the option took as a name: write "
+                f"`pytest {' '.join(paths)} {fixed}`)"
             )
         raise pytest.UsageError(message) from None
     config.stash[_PLAN] = plan

@@ -262,3 +262,19 @@ def test_kvcache_check_reads_the_same_expected_failures(
     assert "mha.write-forms-agree needs a reason" in capsys.readouterr().err
     config.write_text(textwrap.dedent(PYPROJECT))
     assert main(["check", "mha", "--level", "source", "--config", str(config)]) == 0
+
+
+def test_a_path_swallowed_by_the_option_gets_a_usage_error_saying_so(
+    project: pytest.Pytester,
+) -> None:
+    project.mkdir("tests")
+    result = run(project, "--kvcache-conformance", "tests")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "write `pytest tests --kvcache-conformance`" in result.stderr.str()
+
+
+def test_runxfail_shows_the_finding_of_an_expected_failure(project: pytest.Pytester) -> None:
+    args = ("--kvcache-conformance=brk-specxfail", "-k", "write-forms-agree", "--runxfail")
+    result = run(project, *args)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["hint: unwrap `loc`*"])
