@@ -67,6 +67,9 @@ def _wall(command: list[str], cwd: str, repeat: int) -> float:
 
 def _pytest_run(repeat: int) -> None:
     pytest_cmd = [sys.executable, "-m", "pytest", "-q", "-p", "kvcache_core.pytest_plugin"]
+    # hypothesis's plugin imports all of hypothesis at the end of every run (seconds without a
+    # bytecode cache); it is this repository's dev tool, not part of the battery's cost.
+    pytest_cmd += ["-p", "no:hypothesispytest"]
     with tempfile.TemporaryDirectory() as empty:  # no tests: only the battery is collected
         torch_s = _wall([sys.executable, "-c", "import torch"], empty, repeat)
         bare_s = _wall([*pytest_cmd, "--co"], empty, repeat)  # exits 5: nothing collected
