@@ -62,6 +62,23 @@ def test_loading_the_plugin_imports_no_torch() -> None:
     assert out.strip() == "False"
 
 
+def test_every_public_name_of_the_lazy_package_resolves() -> None:
+    """``kvcache_core`` imports its names on first use (so the plugin can be light): each one
+    in ``__all__`` must still resolve, to the object its defining module has."""
+    import importlib
+
+    import kvcache_core
+
+    for name in kvcache_core.__all__:
+        value = getattr(kvcache_core, name)
+        if name != "__version__":
+            module = importlib.import_module(kvcache_core._LAZY[name], "kvcache_core")
+            assert value is getattr(module, name)
+    assert set(kvcache_core.__all__) <= set(dir(kvcache_core))
+    with pytest.raises(AttributeError, match="no_such_name"):
+        _ = kvcache_core.no_such_name  # type: ignore[attr-defined]
+
+
 def test_one_test_per_pool_and_check_with_readable_ids(project: pytest.Pytester) -> None:
     result = run(project, "--co", "-q", "--kvcache-conformance=brk-alias")
     assert result.ret == 0
