@@ -135,11 +135,12 @@ class ConformanceItem(pytest.Item):
         from .testing import ConformanceFailure, check_conformance
 
         if self.case.spec is None:
-            raise ConformanceFailure(
-                None,
-                f"{self.case.rejection}\n\nhint: run `kvcache list` and `kvcache check "
-                f"{self.case.pool}` for every finding",
+            hint = (
+                f"run `kvcache list` and `kvcache check {self.case.pool}` for every finding"
+                if self.case.check == "discovery"
+                else "fix the pool's PoolSpec.expected_failures"
             )
+            raise ConformanceFailure(None, f"{self.case.rejection}\n\nhint: {hint}")
         check_conformance(self.case.spec, self.case.check)
 
     def repr_failure(

@@ -308,3 +308,29 @@ def test_runxfail_shows_the_finding_of_an_expected_failure(project: pytest.Pytes
     result = run(project, *args)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["hint: unwrap `loc`*"])
+
+
+def test_a_spec_expecting_an_unknown_check_fails_one_test_not_the_run(
+    project: pytest.Pytester,
+) -> None:
+    """A plugin is someone else's code (perhaps written against a newer kvcache with more
+    checks): its bad declaration fails that pool's case, the battery still runs."""
+    project.makepyfile(
+        kvc_badspec="""
+        from kvc_gallery import MHATokenToKVPool, create_mha, hookimpl, spec
+
+        @hookimpl
+        def kvcache_pool_specs():
+            xfail = {"no-such-check": "from a newer kvcache"}
+            return [spec("brk-badspec", create_mha, MHATokenToKVPool, expected_failures=xfail)]
+        """
+    )
+    install(project.path, "kvc-badspec", "kvcache.pools", {"kvc_badspec": "kvc_badspec"})
+    result = run(project, "--kvcache-conformance=brk-badspec", "-v")
+    result.assert_outcomes(passed=len(ids("brk-badspec")), failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_kvcache_conformance[[]brk-badspec-expected-failures[]] FAILED*",
+            "*expected failure brk-badspec/no-such-check: unknown behaviour check*",
+        ]
+    )
