@@ -34,6 +34,7 @@ bench: setup
 	$(BIN)/python benchmarks/bench.py
 	$(BIN)/python benchmarks/bench_types_level.py
 	$(BIN)/python benchmarks/bench_drift.py
+	$(BIN)/python benchmarks/bench_behaviour.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

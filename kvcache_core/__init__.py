@@ -2,48 +2,117 @@
 
 The public face: the contract (Protocols, ``KVWriteLoc``, ``KVSnapshot``, specs), the hook
 markers for plugin authors, ``discover()`` for engines, and the input checks pools share.
+
+Names are imported on first use (PEP 562): ``kvcache_core.pytest_plugin`` is loaded by every
+pytest run in an environment where kvcache is installed, and importing this package must not
+cost those runs a torch import (about 2.7 s here) unless they ask for the conformance battery.
 """
 
-from .contracts import (
-    CONTRACT_VERSION,
-    VERSIONS,
-    Capability,
-    HiSparsePool,
-    IndexerKeyPool,
-    KVPool,
-    KVSnapshot,
-    KVWriteLoc,
-    LayerLike,
-    MambaSlotAllocator,
-    MambaStatePool,
-    MLAPool,
-    OffloadablePool,
-    PagedAllocator,
-    PartLayout,
-    PoolConfig,
-    PoolSpec,
-    SlidingWindowPool,
-    SWAAllocator,
-    TokenAllocator,
-    expect_snapshot,
-    unwrap_write_loc,
-)
-from .discovery import Registry, Rejection, discover
-from .errors import (
-    AllocatorError,
-    DoubleFreeError,
-    InvalidLayerError,
-    InvalidSlotError,
-    KVCacheError,
-    PluginRejectedError,
-    ShapeMismatchError,
-    SnapshotMismatchError,
-    UnknownPoolError,
-    UnsupportedDtypeError,
-)
-from .hookspecs import hookimpl
-from .storage import LayerRows, host_empty, storage_dtype
-from .validation import check_rows, check_slots
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .contracts import (
+        CONTRACT_VERSION,
+        VERSIONS,
+        Capability,
+        HiSparsePool,
+        IndexerKeyPool,
+        KVPool,
+        KVSnapshot,
+        KVWriteLoc,
+        LayerLike,
+        MambaSlotAllocator,
+        MambaStatePool,
+        MLAPool,
+        OffloadablePool,
+        PagedAllocator,
+        PartLayout,
+        PoolConfig,
+        PoolSpec,
+        SlidingWindowPool,
+        SWAAllocator,
+        TokenAllocator,
+        expect_snapshot,
+        unwrap_write_loc,
+    )
+    from .discovery import Registry, Rejection, discover
+    from .errors import (
+        AllocatorError,
+        DoubleFreeError,
+        InvalidLayerError,
+        InvalidSlotError,
+        KVCacheError,
+        PluginRejectedError,
+        ShapeMismatchError,
+        SnapshotMismatchError,
+        UnknownPoolError,
+        UnsupportedDtypeError,
+    )
+    from .hookspecs import hookimpl
+    from .storage import LayerRows, host_empty, storage_dtype
+    from .validation import check_rows, check_slots
+
+#: Public name -> the submodule that defines it.
+_LAZY: dict[str, str] = {
+    "CONTRACT_VERSION": ".contracts",
+    "Capability": ".contracts",
+    "HiSparsePool": ".contracts",
+    "IndexerKeyPool": ".contracts",
+    "KVPool": ".contracts",
+    "KVSnapshot": ".contracts",
+    "KVWriteLoc": ".contracts",
+    "LayerLike": ".contracts",
+    "MLAPool": ".contracts",
+    "MambaSlotAllocator": ".contracts",
+    "MambaStatePool": ".contracts",
+    "OffloadablePool": ".contracts",
+    "PagedAllocator": ".contracts",
+    "PartLayout": ".contracts",
+    "PoolConfig": ".contracts",
+    "PoolSpec": ".contracts",
+    "SWAAllocator": ".contracts",
+    "SlidingWindowPool": ".contracts",
+    "TokenAllocator": ".contracts",
+    "VERSIONS": ".contracts",
+    "expect_snapshot": ".contracts",
+    "unwrap_write_loc": ".contracts",
+    "Registry": ".discovery",
+    "Rejection": ".discovery",
+    "discover": ".discovery",
+    "AllocatorError": ".errors",
+    "DoubleFreeError": ".errors",
+    "InvalidLayerError": ".errors",
+    "InvalidSlotError": ".errors",
+    "KVCacheError": ".errors",
+    "PluginRejectedError": ".errors",
+    "ShapeMismatchError": ".errors",
+    "SnapshotMismatchError": ".errors",
+    "UnknownPoolError": ".errors",
+    "UnsupportedDtypeError": ".errors",
+    "hookimpl": ".hookspecs",
+    "LayerRows": ".storage",
+    "host_empty": ".storage",
+    "storage_dtype": ".storage",
+    "check_rows": ".validation",
+    "check_slots": ".validation",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __version__ = "0.1.0"
 

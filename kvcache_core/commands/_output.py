@@ -11,6 +11,8 @@ import sys
 from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import cast
 
+from ..conformance.expected import ExpectedFailure
+from ..conformance.expected import load_expected_failures as _load_expected
 from ..conformance.model import CheckResult
 from ..conformance.resolve import UsageError
 from ..conformance.runner import exit_code
@@ -22,7 +24,15 @@ from ..conformance.suppressions import (
     scan_inline,
 )
 
-__all__ = ["FORMATS", "add_output_options", "finish", "load_config", "usage_error"]
+__all__ = [
+    "FORMATS",
+    "add_output_options",
+    "config_path",
+    "finish",
+    "load_config",
+    "load_expected_failures",
+    "usage_error",
+]
 
 FORMATS: tuple[str, ...] = ("text", "json", "junit", "sarif", "github")
 _RENDER_MODULE = "kvcache_core.conformance.render"
@@ -38,8 +48,8 @@ def add_output_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config",
         metavar="PYPROJECT",
-        help="pyproject.toml with [tool.kvcache] suppressions (default: the nearest one above "
-        "the current directory)",
+        help="pyproject.toml with [tool.kvcache] suppressions and expected failures (default: "
+        "the nearest one above the current directory)",
     )
 
 
@@ -48,12 +58,26 @@ def usage_error(command: str, message: str) -> int:
     return 2
 
 
-def load_config(args: argparse.Namespace) -> list[Suppression]:
-    """Suppressions from ``--config`` or the nearest ``pyproject.toml`` (UsageError if bad)."""
-    path = args.config or find_pyproject(os.getcwd())
+def config_path(args: argparse.Namespace) -> str | None:
+    """``--config``, or the nearest ``pyproject.toml`` above the current directory."""
     if args.config and not os.path.isfile(args.config):
         raise UsageError(f"--config {args.config}: no such file")
+    return args.config or find_pyproject(os.getcwd())
+
+
+def load_config(args: argparse.Namespace) -> list[Suppression]:
+    """Suppressions from ``--config`` or the nearest ``pyproject.toml`` (UsageError if bad)."""
+    path = config_path(args)
     return load_pyproject(path) if path else []
+
+
+def load_expected_failures(args: argparse.Namespace) -> list[ExpectedFailure]:
+    """``[tool.kvcache.expected-failures]`` of the same file ``load_config`` reads.
+
+    Only the table's shape is checked here; check ids and pool names are checked by the
+    behaviour level against the battery and the pools it runs on.
+    """
+    return _load_expected(config_path(args))
 
 
 def _renderer() -> Render:

@@ -21,7 +21,13 @@ from ..conformance.runner import (
 )
 from ..conformance.sources import SourceIndex
 from ..contracts.spec import CONTRACT_VERSION
-from ._output import add_output_options, finish, load_config, usage_error
+from ._output import (
+    add_output_options,
+    finish,
+    load_config,
+    load_expected_failures,
+    usage_error,
+)
 
 __all__ = ["register", "run"]
 
@@ -70,9 +76,12 @@ def run(args: argparse.Namespace) -> int:
         against = parse_protocols(args.against)
         version = check_contract_version(args.contract_version)
         configured = load_config(args)
+        expected = load_expected_failures(args)
         index = SourceIndex()
         targets, results = resolve_targets(args.targets, against=against, index=index)
-        results += run_levels(targets, levels, contract_version=version, index=index)
+        results += run_levels(
+            targets, levels, contract_version=version, index=index, expected_failures=expected
+        )
         return finish(
             args,
             results,

@@ -17,6 +17,7 @@ from typing import cast
 from ..contracts.history import VERSIONS
 from ..contracts.spec import CONTRACT_VERSION
 from . import signature, source
+from .expected import ExpectedFailure
 from .model import CheckResult, Outcome
 from .resolve import UsageError
 from .rules import RULES, Severity
@@ -105,8 +106,13 @@ def run_levels(
     *,
     contract_version: int = CONTRACT_VERSION,
     index: SourceIndex | None = None,
+    expected_failures: Sequence[ExpectedFailure] = (),
 ) -> list[CheckResult]:
-    """Every requested level over every target, in level order."""
+    """Every requested level over every target, in level order.
+
+    ``expected_failures`` (from ``[tool.kvcache.expected-failures]``) are for the behaviour
+    level, on top of what each ``PoolSpec`` declares itself.
+    """
     results: list[CheckResult] = []
     for level in levels:
         if not targets:

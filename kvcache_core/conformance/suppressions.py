@@ -41,6 +41,7 @@ __all__ = [
     "apply_suppressions",
     "find_pyproject",
     "load_pyproject",
+    "read_tool_section",
     "scan_inline",
 ]
 
@@ -107,8 +108,12 @@ def _entry_line(text: str, rule: str) -> int | None:
     return None
 
 
-def load_pyproject(path: str) -> list[Suppression]:
-    """``[tool.kvcache] suppress`` of ``path``; an invalid entry is a ``UsageError``."""
+def read_tool_section(path: str) -> tuple[str, dict[str, object]]:
+    """The text of ``path`` and its ``[tool.kvcache]`` table (empty when absent).
+
+    One reader for every key of the table (``suppress``, ``expected-failures``), so each is
+    parsed the same way, with the same errors.
+    """
     with open(path, "rb") as fh:
         raw = fh.read()
     text = raw.decode("utf-8", errors="replace")
@@ -120,12 +125,20 @@ def load_pyproject(path: str) -> list[Suppression]:
                 f"{path}: reading [tool.kvcache] needs Python 3.11+ (tomllib); "
                 "use inline `# kvcache: ignore[...]` comments on Python 3.10"
             )
-        return []
+        return text, {}
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{path}: invalid TOML: {exc}") from None
     section = data.get("tool", {}).get("kvcache", {})
+    if not isinstance(section, dict):
+        raise UsageError(f"{path}: [tool.kvcache] must be a table")
+    return text, section
+
+
+def load_pyproject(path: str) -> list[Suppression]:
+    """``[tool.kvcache] suppress`` of ``path``; an invalid entry is a ``UsageError``."""
+    text, section = read_tool_section(path)
     entries = section.get("suppress", [])
     if not isinstance(entries, list):
         raise UsageError(f"{path}: [tool.kvcache] suppress must be a list of tables")

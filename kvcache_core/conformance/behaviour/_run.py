@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from ...contracts.spec import PoolSpec
 from ..model import CheckResult, Finding, Outcome
 from ._check import BATTERY, BehaviourCheck, BehaviourFailure
-from ._context import DEFAULT_TIMEOUT_S, CheckContext, default_config
+from ._context import DEFAULT_TIMEOUT_S, CheckContext, config_source, default_config
 
 __all__ = ["DEFAULT_TIMEOUT_S", "run_check", "run_spec", "select_checks"]
 
@@ -59,14 +59,35 @@ def _call(check: BehaviourCheck, context: CheckContext) -> BaseException | None:
     return outcome[0]
 
 
+def _rerun(check: BehaviourCheck, spec: PoolSpec) -> str:
+    """A snippet that runs the check itself, unthreaded, on the same config.
+
+    For a check that crashed inside the pool (rather than raising ``BehaviourFailure`` with its
+    own minimal steps): re-running it shows the whole traceback, down to the pool's line.
+    """
+    return "\n".join(
+        [
+            "import torch",
+            "from kvcache_core import PoolConfig, discover",
+            "from kvcache_core.conformance.behaviour import BATTERY, CheckContext, select_checks",
+            "",
+            f"spec = discover().spec({spec.name!r})",
+            "select_checks(spec)  # registers the battery",
+            f"config = {config_source(default_config(spec))}",
+            f"BATTERY[{check.id!r}].function(CheckContext(spec, config))  # raises",
+        ]
+    )
+
+
 def _finding(check: BehaviourCheck, spec: PoolSpec, exc: BaseException) -> Finding:
     if isinstance(exc, BehaviourFailure):
-        message, hint, repro = exc.message, exc.hint or check.hint, exc.reproduction
+        message, hint = exc.message, exc.hint or check.hint
+        repro = exc.reproduction or _rerun(check, spec)
     else:
         frames = traceback.extract_tb(exc.__traceback__)
         where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
         message = f"raised {type(exc).__name__}: {exc}{where}"
-        hint, repro = check.hint, ""
+        hint, repro = check.hint, _rerun(check, spec)
     return Finding(
         rule="behaviour-failed",
         message=f"{check.name}: {message}",

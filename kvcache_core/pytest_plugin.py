@@ -1,0 +1,180 @@
+"""``pytest --kvcache-conformance[=NAME,...]``: the behaviour battery as pytest tests.
+
+One test per (pool, check) of the installed plugins (all of them, or the pools and plugins
+named), with ids like ``test_kvcache_conformance[mha-behaviour/write-forms-agree]``, so the
+battery shows up where pool authors already look (their CI's test report), with ``-k``,
+``-x``, ``-n`` and JUnit output for free. A failure shows the finding: message, hint and a
+runnable reproduction. Expected failures (``PoolSpec.expected_failures`` or
+``[tool.kvcache.expected-failures]`` in the project's ``pyproject.toml``) are strict xfails:
+one that passes fails the run until its declaration is removed. A plugin that discovery
+rejects becomes a failing ``test_kvcache_conformance[<name>-discovery]`` rather than vanishing.
+
+Why it imports nothing heavy at module level: pytest loads this module (entry point
+``pytest11``) in *every* run in an environment where kvcache is installed, so without the
+option it must cost nothing, no torch and no plugin discovery. Everything heavy happens inside
+the hooks, and only when ``--kvcache-conformance`` is given.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from collections.abc import Generator
+
+    from _pytest._code.code import ExceptionInfo, TerminalRepr
+
+    from .testing import ConformanceCase
+
+__all__ = ["ConformanceItem"]
+
+_OPTION = "kvcache_conformance"
+_PLAN = pytest.StashKey["list[ConformanceCase]"]()
+#: The mark every battery test carries: ``-m kvcache_conformance`` runs only the battery.
+MARK = "kvcache_conformance"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("kvcache", "kvcache conformance battery")
+    group.addoption(
+        "--kvcache-conformance",
+        dest=_OPTION,
+        action="append",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="NAME,...",
+        help="add one test per (pool, behaviour check) of the installed kvcache plugins; "
+        "=NAME,... limits it to those pools or plugins (write it with `=`, or after the paths)",
+    )
+
+
+def _requested(config: pytest.Config) -> list[str] | None:
+    """None: option absent; []: every pool; else the names asked for, in order, once each."""
+    values: list[str] | None = config.getoption(_OPTION)
+    if values is None:
+        return None
+    names = [n.strip() for v in values for n in v.split(",") if n.strip()]
+    if any(not v.strip() for v in values):
+        return []  # a bare --kvcache-conformance asks for everything
+    return list(dict.fromkeys(names))
+
+
+def _pyproject(config: pytest.Config) -> str | None:
+    """The project's pyproject.toml: pytest's own, else the nearest one above the rootdir."""
+    from .conformance.suppressions import find_pyproject
+
+    inipath = config.inipath
+    if inipath is not None and inipath.name == "pyproject.toml":
+        return str(inipath)
+    return find_pyproject(str(config.rootpath))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """Resolve the names and read the config up front, so a mistake is a usage error (exit 4)
+    before anything runs, on the xdist controller and on every worker alike."""
+    config.addinivalue_line(
+        "markers", f"{MARK}: a kvcache behaviour check (added by --kvcache-conformance)"
+    )
+    names = _requested(config)
+    if names is None:
+        return
+    from .conformance.expected import load_expected_failures
+    from .conformance.resolve import UsageError
+    from .testing import plan_conformance
+
+    try:
+        configured = load_expected_failures(_pyproject(config))
+        plan = plan_conformance(names or None, configured=configured)
+    except UsageError as exc:
+        message = f"--kvcache-conformance: {exc}"
+        paths = [n for n in names if os.path.exists(n)]
+        if paths:
+            rest = [n for n in names if n not in paths]
+            fixed = f"--kvcache-conformance={','.join(rest)}" if rest else "--kvcache-conformance"
+            message += (
+                f" ({paths[0]!r} is a path the option took as a name: write "
+                f"`pytest {' '.join(paths)} {fixed}`)"
+            )
+        raise pytest.UsageError(message) from None
+    config.stash[_PLAN] = plan
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+) -> None:
+    """Append the battery before ``-k``/``-m``/``--deselect`` filter the items (``tryfirst``)."""
+    plan = config.stash.get(_PLAN, None)
+    if plan is None:
+        return
+    for case in plan:
+        items.append(ConformanceItem.from_parent(session, case=case))
+
+
+class ConformanceItem(pytest.Item):
+    """One behaviour check on one pool (or one pool discovery refused), as a pytest test."""
+
+    def __init__(self, *, case: ConformanceCase, **kwargs: Any) -> None:
+        name = f"test_kvcache_conformance[{case.id}]"
+        super().__init__(name=name, nodeid=name, **kwargs)
+        self.case = case
+        self.add_marker(MARK)
+        if case.expected is not None:
+            self.add_marker(
+                pytest.mark.xfail(
+                    reason=case.expected.describe(), strict=True, raises=AssertionError
+                )
+            )
+
+    def runtest(self) -> None:
+        from .testing import ConformanceFailure, check_conformance
+
+        if self.case.spec is None:
+            hint = (
+                f"run `kvcache list` and `kvcache check {self.case.pool}` for every finding"
+                if self.case.check == "discovery"
+                else "fix the pool's PoolSpec.expected_failures"
+            )
+            raise ConformanceFailure(None, f"{self.case.rejection}\n\nhint: {hint}")
+        check_conformance(self.case.spec, self.case.check)
+
+    def repr_failure(
+        self, excinfo: ExceptionInfo[BaseException], style: Any = None
+    ) -> str | TerminalRepr:
+        """The finding itself; a traceback through the harness would only hide it."""
+        from .testing import ConformanceFailure
+
+        if isinstance(excinfo.value, ConformanceFailure):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style=style)
+
+    def reportinfo(self) -> tuple[os.PathLike[str] | str, int | None, str]:
+        return self.path, None, self.name
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Say what a strict XPASS of a battery test means and what to do about it."""
+    report = yield
+    if (
+        isinstance(item, ConformanceItem)
+        and item.case.expected is not None
+        and report.when == "call"
+        and report.failed
+        and call.excinfo is None
+        and not item.config.option.runxfail
+    ):
+        expected = item.case.expected
+        report.longrepr = (
+            f"[XPASS(strict)] behaviour/{expected.check} passed on pool {expected.pool!r}, but "
+            f"{expected.origin} declares it an expected failure ({expected.reason}). Remove that "
+            "declaration: an expected failure must not outlive the bug it describes."
+        )
+    return report
