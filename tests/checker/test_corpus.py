@@ -20,6 +20,8 @@ FIXED_TWINS = [
     "DSALikePoolFixed",
     "DSAInheritsAll",
     "MLALikePoolFixed",
+    "ValidatingPoolFixed",
+    "ValidateThenDropAllocatorFixed",
     "RenamedPoolFixed",
     "SignatureDriftsFixed",
     "ImplementsAbstract",
