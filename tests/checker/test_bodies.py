@@ -166,7 +166,8 @@ def test_raw_loc_uses(body, lines):
             [],
         ),
         (
-            "slots, _ = unwrap_write_loc(loc)\n    slots = check_slots(slots)\n    self.buf[slots] = k",
+            "slots, _ = unwrap_write_loc(loc)\n"
+            "    slots = check_slots(slots)\n    self.buf[slots] = k",
             [],
         ),
     ],

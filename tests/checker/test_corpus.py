@@ -181,3 +181,21 @@ def test_types_level_reports_every_drift_mypy_can_see(corpus_targets, tmp_path):
     # and the fixed twins pass this level too
     flagged = {r.target.rsplit(".", 1)[-1] for r in results if r.findings}
     assert not flagged & set(FIXED_TWINS), flagged & set(FIXED_TWINS)
+
+
+@pytest.mark.parametrize("level", ["source", "signature"])
+def test_a_kwargs_signature_is_not_called_contract_1(level, source_results, signature_results):
+    results = source_results if level == "source" else signature_results
+    for method in ("get_cpu_copy", "load_cpu_copy"):
+        (f,) = [
+            f
+            for r in results
+            for f in r.findings
+            if r.target.endswith(".KwargsCompositePool")
+            and f.rule == "kwargs-hides-parameter"
+            and f.method == method
+        ]
+        assert f.parameter == "mamba_indices"
+        assert f.impl_location is not None
+        assert f.impl_location.path.endswith("kwargs_composite.py")
+        assert "matches contract" not in f.message
