@@ -21,6 +21,7 @@ FIXED_TWINS = [
     "DSAInheritsAll",
     "MLALikePoolFixed",
     "ValidatingPoolFixed",
+    "WideningPool",
     "ValidateThenDropAllocatorFixed",
     "RenamedPoolFixed",
     "SignatureDriftsFixed",
@@ -199,3 +200,18 @@ def test_a_kwargs_signature_is_not_called_contract_1(level, source_results, sign
         assert f.impl_location is not None
         assert f.impl_location.path.endswith("kwargs_composite.py")
         assert "matches contract" not in f.message
+
+
+@pytest.mark.parametrize("level", ["source", "signature"])
+def test_only_a_narrower_parameter_or_a_wider_return_is_an_annotation_finding(
+    level, source_results, signature_results
+):
+    results = source_results if level == "source" else signature_results
+    widening = [f for r in results if r.target.endswith(".WideningPool") for f in r.findings]
+    assert widening == []
+    narrow = _one(results, "NarrowingPool", "annotation-mismatch")
+    assert (narrow.method, narrow.parameter) == ("get_cpu_copy", "mamba_indices")
+    assert narrow.impl_location is not None
+    assert narrow.impl_location.path.endswith("annotation_widths.py")
+    wide = _one(results, "NarrowingPool", "return-mismatch")
+    assert (wide.method, wide.parameter) == ("get_kv_size_bytes", None)
