@@ -313,6 +313,10 @@ class SourceIndex:
         self.errors: dict[str, str] = {}
         self._missing: set[str] = set()
         self._mro: dict[int, list[Resolved]] = {}
+        #: Files read because they were given (not found through an import), by path, with
+        #: their path components reversed, for resolving absolute imports by suffix.
+        self._given: dict[str, tuple[str, ...]] = {}
+        self._by_path: dict[str, ModuleSource] = {}
 
     def add_root(self, root: str) -> None:
         root = os.path.abspath(root)
@@ -324,12 +328,49 @@ class SourceIndex:
         """Parse ``path`` (once) under the module name its package layout gives it."""
         name, root = module_name_for(path)
         self.add_root(root)
-        known = self.modules.get(name)
-        if known is not None and known.path == os.path.abspath(path):
+        path = os.path.abspath(path)
+        stem = path[:-3] if path.endswith(".py") else path
+        parts = stem.split(os.sep)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        self._given.setdefault(path, tuple(reversed(parts)))
+        known = self._by_path.get(path) or self.modules.get(name)
+        if known is not None and known.path == path:
+            self.modules.setdefault(name, known)
             return known
         module = parse_module(path, name)
         self.modules[name] = module
+        self._by_path[path] = module
         return module
+
+    def _by_suffix(self, name: str) -> str | None:
+        """The given file whose path ends like the dotted ``name``, if exactly one does best.
+
+        Engines import their own modules absolutely (``from sglang.srt.mem_cache.memory_pool
+        import X``) while the checker is handed folders deep inside the tree, often inside
+        namespace packages (no ``__init__.py``), so no import root is known. A file
+        ``.../srt/mem_cache/memory_pool.py`` that was given answers for that name when at least
+        its last two components match (or all of them, for a one-component name). The longest
+        match wins; a tie between two files resolves nothing.
+        """
+        parts = tuple(reversed(name.split(".")))
+        need = min(2, len(parts))
+        best: str | None = None
+        best_len = 0
+        tie = False
+        for path, rparts in self._given.items():
+            n = 0
+            for a, b in zip(parts, rparts, strict=False):
+                if a != b:
+                    break
+                n += 1
+            if n < need:
+                continue
+            if n > best_len:
+                best, best_len, tie = path, n, False
+            elif n == best_len and path != best:
+                tie = True
+        return None if tie else best
 
     def _locate(self, name: str) -> str | None:
         rel = name.replace(".", os.sep)
@@ -340,6 +381,9 @@ class SourceIndex:
             ):
                 if os.path.isfile(candidate):
                     return candidate
+        given = self._by_suffix(name)
+        if given is not None:
+            return given
         if not self.external:
             return None
         top, _, rest = name.partition(".")
@@ -378,6 +422,10 @@ class SourceIndex:
         if path is None:
             self._missing.add(name)
             return None
+        same = self._by_path.get(os.path.abspath(path))
+        if same is not None:  # already read under another name: one module, one set of classes
+            self.modules[name] = same
+            return same
         try:
             module = parse_module(path, name)
         except (OSError, SyntaxError, UnicodeDecodeError, ValueError) as exc:
@@ -385,6 +433,7 @@ class SourceIndex:
             self._missing.add(name)
             return None
         self.modules[name] = module
+        self._by_path[os.path.abspath(path)] = module
         return module
 
     def is_opaque(self, module_name: str) -> bool:
@@ -510,9 +559,10 @@ class SourceIndex:
 
     def subclasses_of(self, root: ClassSource) -> list[ClassSource]:
         """Classes of the loaded modules that have ``root`` in their MRO (``root`` included)."""
+        modules = {id(m): m for m in list(self.modules.values())}  # aliases read once
         return [
             cls
-            for module in list(self.modules.values())
+            for module in modules.values()
             for cls in module.classes.values()
             if any(k is root for k in self.mro(cls))
         ]
