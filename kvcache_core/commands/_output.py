@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import cast
 
+from ..conformance.merge import merge_levels
 from ..conformance.model import CheckResult
 from ..conformance.resolve import UsageError
 from ..conformance.runner import exit_code
@@ -88,10 +89,12 @@ def finish(
     scanned: Iterable[str],
     active_rules: Collection[str] | None = None,
 ) -> int:
-    """Apply suppressions, render in ``args.format``, write, and return the exit code."""
+    """Apply suppressions, merge what several levels saw, render in ``args.format``, write,
+    and return the exit code."""
     render = _renderer()
     suppressions = [*configured, *scan_inline(_paths(results, scanned))]
-    final = apply_suppressions(results, suppressions, active_rules=active_rules)
+    # Suppressions first, then one finding per drift (see conformance/merge.py for why).
+    final = merge_levels(apply_suppressions(results, suppressions, active_rules=active_rules))
     text = render(final, args.format)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as fh:
