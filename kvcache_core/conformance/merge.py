@@ -1,10 +1,14 @@
 """One finding per drift, however many levels saw it.
 
 The source, signature and types levels often see the same drift (a missing ``mamba_indices`` is
-a ``missing-parameter`` to all three). Reported once per level, one drift reads as three and the
-summary counts three. So findings that agree (same target, rule, method and parameter) across
-levels are merged into the first one reported, the one of the cheapest level, which lists every
-level that saw it in ``Finding.levels``.
+a finding to all three). Reported once per level, one drift reads as three and the summary
+counts three. So findings that agree (same target, rule, method and parameter) across levels are
+merged into the first one reported, the one of the cheapest level, which lists every level that
+saw it in ``Finding.levels``. The types level says ``type-error`` for whatever mypy rejects; a
+``type-error`` about the same target, method and parameter as an *error* of another level is
+mypy seeing that same drift, so it is merged into it too (the precise rule id is kept). One
+about no parameter in particular, or matching only a warning, stays on its own: merging it into
+a warning would turn an error into a warning.
 
 This runs after suppressions and before rendering. After suppressions: a suppression matches a
 finding by rule, target, method and line, which every level's copy shares, so each copy is hidden
@@ -26,6 +30,7 @@ from .model import CheckResult, Finding
 __all__ = ["level_of", "merge_levels"]
 
 _Key = tuple[str, str, str | None, str | None]
+_MYPY = "type-error"
 
 
 def level_of(check: str) -> str:
@@ -35,6 +40,10 @@ def level_of(check: str) -> str:
 
 def _key(finding: Finding) -> _Key:
     return (finding.target, finding.rule, finding.method, finding.parameter)
+
+
+def _param_key(finding: Finding) -> _Key:
+    return (finding.target, "", finding.method, finding.parameter)
 
 
 def _label(finding: Finding) -> str:
@@ -49,11 +58,14 @@ def merge_levels(results: Sequence[CheckResult]) -> list[CheckResult]:
     kept: list[list[Finding]] = [[] for _ in results]
     moved: list[list[tuple[Finding, str]]] = [[] for _ in results]
     first: dict[_Key, tuple[int, int]] = {}
+    errors: dict[_Key, tuple[int, int]] = {}  # precise error findings, by (target, method, param)
     for number, result in enumerate(results):
         level = level_of(result.check)
         for finding in result.findings:
             finding = replace(finding, levels=finding.levels or (level,))
             where = first.get(_key(finding))
+            if where is None and finding.rule == _MYPY and finding.parameter is not None:
+                where = errors.get(_param_key(finding))
             if where is not None:
                 at_result, at_finding = where
                 earlier = kept[at_result][at_finding]
@@ -64,6 +76,8 @@ def merge_levels(results: Sequence[CheckResult]) -> list[CheckResult]:
                     continue
             else:
                 first[_key(finding)] = (number, len(kept[number]))
+                if finding.is_error and finding.rule != _MYPY and finding.parameter is not None:
+                    errors.setdefault(_param_key(finding), (number, len(kept[number])))
             kept[number].append(finding)
     out: list[CheckResult] = []
     for number, result in enumerate(results):

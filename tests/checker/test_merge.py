@@ -100,3 +100,40 @@ def test_cli_reports_one_finding_per_drift(run_cli, tmp_path, isolated_modules):
         ("get_cpu_copy", "mamba_indices", 5, ("source", "signature")),
         ("load_cpu_copy", "mamba_indices", 8, ("source", "signature")),
     ]
+
+
+def test_mypy_seeing_the_same_parameter_drift_is_merged_into_the_precise_rule():
+    results = [
+        CheckResult("pkg.Pool", "source:OffloadablePool", Outcome.FAILED, (_finding(),)),
+        CheckResult("pkg.Pool", "signature:OffloadablePool", Outcome.FAILED, (_finding(),)),
+        CheckResult(
+            "pkg.Pool", "types:OffloadablePool", Outcome.FAILED, (_finding(rule="type-error"),)
+        ),
+    ]
+    merged = merge_levels(results)
+    assert [len(r.findings) for r in merged] == [1, 0, 0]
+    (f,) = merged[0].findings
+    assert (f.rule, f.parameter, f.levels) == (
+        "missing-parameter",
+        "mamba_indices",
+        ("source", "signature", "types"),
+    )
+    assert summarize(merged).findings == 1
+
+
+def test_mypy_errors_stay_apart_from_warnings_and_from_parameterless_findings():
+    warning = _finding(rule="annotation-mismatch")
+    results = [
+        CheckResult("pkg.Pool", "source:KVPool", Outcome.PASSED, (warning,)),
+        CheckResult(
+            "pkg.Pool",
+            "types:KVPool",
+            Outcome.FAILED,
+            (_finding(rule="type-error"), _finding(None, rule="type-error")),
+        ),
+    ]
+    merged = merge_levels(results)
+    assert [[g.rule for g in r.findings] for r in merged] == [
+        ["annotation-mismatch"],
+        ["type-error", "type-error"],
+    ]
