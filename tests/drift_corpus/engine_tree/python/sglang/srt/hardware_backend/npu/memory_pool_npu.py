@@ -9,6 +9,8 @@ import sglang.srt.mem_cache.memory_pool as pools
 from sglang.srt.layers.npu_ops import NPUPagedBase  # not among the paths given
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
+from ...mem_cache.memory_pool import MHATokenToKVPool as RelativeBase
+
 
 class NPUMHATokenToKVPool(MHATokenToKVPool):
     def get_cpu_copy(self, indices: torch.Tensor) -> object:  # expect[drift]: missing-parameter NPUMHATokenToKVPool.get_cpu_copy
@@ -30,3 +32,8 @@ class NPUGoodPool(MHATokenToKVPool):
         self, indices: torch.Tensor, mamba_indices: torch.Tensor | None = None
     ) -> object:
         return super().get_cpu_copy(indices, mamba_indices=mamba_indices)
+
+
+class NPURelativePool(RelativeBase):
+    def get_cpu_copy(self, indices: torch.Tensor, mamba_indices: torch.Tensor | None) -> object:  # expect[drift]: became-required NPURelativePool.get_cpu_copy
+        return indices
