@@ -261,6 +261,11 @@ def test_contract_version_selects_history(tmp_path, version, expected):
         ("float | None", "Optional[float]"),
         ("float | None", "float | int | None"),
         ("torch.Tensor", "Tensor | list[int]"),
+        # known on both sides, and wider: decided, and fine
+        ("torch.Tensor", "object"),
+        ("KVWriteLoc | torch.Tensor", "object"),
+        ("int | None", "float | None"),
+        ("float | None", "Any"),
         # undecidable from text (what is MyLayer?): no finding, the types level asks mypy
         ("LayerLike", "MyLayer"),
         ("torch.Tensor", "MyTensor"),
