@@ -52,14 +52,29 @@ def python_files(path: str) -> list[str]:
     return sorted(found)
 
 
-def module_name_for(path: str) -> tuple[str, str]:
-    """``(dotted module name, import root)`` of a file, from the ``__init__.py`` files above it."""
+def module_name_for(path: str, anchor: str | None = None) -> tuple[str, str]:
+    """``(dotted module name, import root)`` of a file, from the ``__init__.py`` files above it.
+
+    ``anchor`` is the folder the file was found under, as given on the command line. Folders
+    without ``__init__.py`` between the file and that folder are namespace packages: the name
+    then starts at the given folder itself (``srt/mem_cache/memory_pool.py`` found under
+    ``srt/mem_cache`` is ``mem_cache.memory_pool``), so that two files of one name in two
+    folders stay two modules, and relative imports between given folders resolve.
+    """
     path = os.path.abspath(path)
     directory, filename = os.path.split(path)
     parts = [] if filename == "__init__.py" else [filename[:-3]]
     while os.path.isfile(os.path.join(directory, "__init__.py")):
         directory, package = os.path.split(directory)
         parts.insert(0, package)
+    if anchor is not None and os.path.isdir(anchor):
+        top = os.path.dirname(os.path.abspath(anchor).rstrip(os.sep))
+        while directory.startswith(top + os.sep):
+            parent, package = os.path.split(directory)
+            if not package.isidentifier():
+                break
+            directory = parent
+            parts.insert(0, package)
     return ".".join(parts) or filename[:-3], directory
 
 
@@ -324,9 +339,10 @@ class SourceIndex:
             self.roots.append(root)
 
     # -- loading -----------------------------------------------------------------------------
-    def load_file(self, path: str) -> ModuleSource:
-        """Parse ``path`` (once) under the module name its package layout gives it."""
-        name, root = module_name_for(path)
+    def load_file(self, path: str, anchor: str | None = None) -> ModuleSource:
+        """Parse ``path`` (once) under the module name its package layout gives it (``anchor``:
+        the folder it was found under, see ``module_name_for``)."""
+        name, root = module_name_for(path, anchor)
         self.add_root(root)
         path = os.path.abspath(path)
         stem = path[:-3] if path.endswith(".py") else path

@@ -110,7 +110,7 @@ def test_engine_tree_resolves_absolute_imports_by_module_path_suffix(monkeypatch
     assert (f.rule, f.method, f.parameter) == ("missing-parameter", "get_cpu_copy", "mamba_indices")
     assert f.impl_location.path.endswith("srt/hardware_backend/npu/memory_pool_npu.py")
     assert f.contract_location.path.endswith("srt/mem_cache/memory_pool.py")
-    assert "overrides memory_pool.MHATokenToKVPool" in f.message
+    assert "overrides mem_cache.memory_pool.MHATokenToKVPool" in f.message
     assert _by_class(results)["NPUGoodPool"] == []
 
 
@@ -170,3 +170,22 @@ def test_every_keyword_of_a_call_is_checked_and_positional_only_takes_none(tmp_p
         (11, "indices", 6),
         (11, "snapshot", 6),
     ]
+
+
+def test_files_of_one_name_in_two_namespace_folders_stay_two_modules(monkeypatch):
+    monkeypatch.chdir(ENGINE)
+    results = analyze(["srt/mem_cache", "srt/hardware_backend"])
+    targets = {r.target for r in results if r.check == "drift:overrides"}
+    assert "mem_cache.memory_pool.MHATokenToKVPool" in targets
+    assert "hardware_backend.npu.memory_pool.NPUPagedPoolBase" in targets
+    by_class = _by_class(results)
+    (swa,) = by_class["SWAKVPool"]  # `from .memory_pool import ...` in mem_cache/
+    assert (swa.rule, swa.parameter) == ("missing-parameter", "mamba_indices")
+    assert swa.contract_location.path.endswith("srt/mem_cache/memory_pool.py")
+    (sub,) = by_class["NPUPagedSubPool"]  # `from .memory_pool import ...` in npu/
+    assert (sub.rule, sub.method, sub.parameter) == (
+        "missing-parameter",
+        "load_cpu_copy",
+        "mamba_indices",
+    )
+    assert sub.contract_location.path.endswith("srt/hardware_backend/npu/memory_pool.py")

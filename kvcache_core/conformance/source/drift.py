@@ -84,19 +84,20 @@ class _Impl:
 
 
 def _load(paths: Sequence[str], index: SourceIndex) -> tuple[list[ModuleSource], list[CheckResult]]:
-    files: list[str] = []
-    for path in paths:
-        found = python_files(path)
+    files: dict[str, str] = {}  # file -> the path given that it was found under
+    for given in paths:
+        found = python_files(given)
         if not found:
-            raise UsageError(f"no Python files at {path}")
-        files += found
-    for path in files:
-        index.add_root(module_name_for(path)[1])
+            raise UsageError(f"no Python files at {given}")
+        for path in found:
+            files.setdefault(path, given)
+    for path, given in files.items():
+        index.add_root(module_name_for(path, given)[1])
     modules: list[ModuleSource] = []
     errors: list[CheckResult] = []
-    for path in dict.fromkeys(files):
+    for path, given in files.items():
         try:
-            modules.append(index.load_file(path))
+            modules.append(index.load_file(path, given))
         except (OSError, SyntaxError, UnicodeDecodeError, ValueError) as exc:
             line = getattr(exc, "lineno", None)
             message = f"cannot parse {path}: {type(exc).__name__}: {exc}"

@@ -37,3 +37,11 @@ class NPUGoodPool(MHATokenToKVPool):
 class NPURelativePool(RelativeBase):
     def get_cpu_copy(self, indices: torch.Tensor, mamba_indices: torch.Tensor | None) -> object:  # expect[drift]: became-required NPURelativePool.get_cpu_copy
         return indices
+
+
+from .memory_pool import NPUPagedPoolBase  # noqa: E402  (this folder's memory_pool.py)
+
+
+class NPUPagedSubPool(NPUPagedPoolBase):
+    def load_cpu_copy(self, kv_cache_cpu: object, indices: torch.Tensor) -> None:  # expect[drift]: missing-parameter NPUPagedSubPool.load_cpu_copy
+        return None
