@@ -215,3 +215,47 @@ def test_only_a_narrower_parameter_or_a_wider_return_is_an_annotation_finding(
     assert narrow.impl_location.path.endswith("annotation_widths.py")
     wide = _one(results, "NarrowingPool", "return-mismatch")
     assert (wide.method, wide.parameter) == ("get_kv_size_bytes", None)
+
+
+@pytest.mark.parametrize("level", ["source", "signature"])
+def test_body_findings_name_rule_method_parameter_and_line(
+    level, source_results, signature_results
+):
+    results = source_results if level == "source" else signature_results
+
+    def where(cls: str, rule: str) -> tuple[str | None, str | None, str, int | None]:
+        f = _one(results, cls, rule)
+        assert f.impl_location is not None
+        return (
+            f.method,
+            f.parameter,
+            f.impl_location.path.rsplit("/", 1)[-1],
+            f.impl_location.line,
+        )
+
+    assert where("AliasingPool", "writeloc-not-unwrapped") == (
+        "set_kv_buffer",
+        "loc",
+        "body_aliases.py",
+        27,
+    )
+    assert where("ValidatingPool", "writeloc-not-unwrapped") == (
+        "set_kv_buffer",
+        "loc",
+        "body_aliases.py",
+        41,
+    )
+    assert where("DeadCodePool", "not-implemented") == (
+        "get_cpu_copy",
+        None,
+        "body_aliases.py",
+        63,
+    )
+    assert where("ValidateThenDropAllocator", "parameter-not-forwarded") == (
+        "get_cpu_copy",
+        "mamba_indices",
+        "body_aliases.py",
+        74,
+    )
+    for fixed in ("ValidatingPoolFixed", "ValidateThenDropAllocatorFixed"):
+        assert [f for r in results if r.target.endswith("." + fixed) for f in r.findings] == []
