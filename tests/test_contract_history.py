@@ -9,7 +9,7 @@ import pytest
 from kvcache_core import VERSIONS, KVWriteLoc, OffloadablePool, unwrap_write_loc
 from kvcache_core.conformance.compare import compare_signatures
 from kvcache_core.conformance.introspect import protocol_methods
-from kvcache_core.contracts.signature import MethodSig, Param, normalize_annotation
+from kvcache_core.contracts.signature import MethodSig, Param, ParamKind, normalize_annotation
 
 
 def _shape(sig: MethodSig) -> tuple:
@@ -94,3 +94,42 @@ def test_fast_signature_reading_agrees_with_inspect():
             fast = sm._describe_callable(func.__name__, func, bound)
             slow = sm._describe_with_inspect(func.__name__, func, bound)
             assert fast == slow, func.__qualname__
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        # accepts every contract-1 call, but was not written against it
+        (Param("indices"), Param("kwargs", ParamKind.VAR_KEYWORD)),
+        (Param("indices"), Param("args", ParamKind.VAR_POSITIONAL)),
+        # an extra parameter of its own, under another name than contract 2's
+        (Param("indices"), Param("mamba_idx", default="None")),
+        (Param("indices"), Param("stream", default="None")),
+        # contract 1's parameter, renamed
+        (Param("idx"),),
+        # another annotation than contract 1's
+        (Param("indices", annotation="list[int]"),),
+        # another kind
+        (Param("indices", ParamKind.POSITIONAL_ONLY),),
+    ],
+)
+def test_only_an_exact_version_1_signature_is_called_version_1(params):
+    from kvcache_core.conformance.versions import change_note
+
+    impl = MethodSig("get_cpu_copy", params)
+    assert change_note("get_cpu_copy", impl, 2) == ""
+
+
+@pytest.mark.parametrize(
+    "params, returns",
+    [
+        ((Param("indices"),), None),
+        ((Param("indices", annotation="torch.Tensor"),), "KVSnapshot"),
+        ((Param("indices", annotation="Tensor"),), "kvcache_core.KVSnapshot"),
+    ],
+)
+def test_an_exact_version_1_signature_is_called_version_1(params, returns):
+    from kvcache_core.conformance.versions import change_note
+
+    impl = MethodSig("get_cpu_copy", params, returns)
+    assert change_note("get_cpu_copy", impl, 2).startswith("matches contract 1; contract 2 added")

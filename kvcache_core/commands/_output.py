@@ -13,6 +13,7 @@ from typing import cast
 
 from ..conformance.expected import ExpectedFailure
 from ..conformance.expected import load_expected_failures as _load_expected
+from ..conformance.merge import merge_levels
 from ..conformance.model import CheckResult
 from ..conformance.resolve import UsageError
 from ..conformance.runner import exit_code
@@ -112,10 +113,12 @@ def finish(
     scanned: Iterable[str],
     active_rules: Collection[str] | None = None,
 ) -> int:
-    """Apply suppressions, render in ``args.format``, write, and return the exit code."""
+    """Apply suppressions, merge what several levels saw, render in ``args.format``, write,
+    and return the exit code."""
     render = _renderer()
     suppressions = [*configured, *scan_inline(_paths(results, scanned))]
-    final = apply_suppressions(results, suppressions, active_rules=active_rules)
+    # Suppressions first, then one finding per drift (see conformance/merge.py for why).
+    final = merge_levels(apply_suppressions(results, suppressions, active_rules=active_rules))
     text = render(final, args.format)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as fh:

@@ -48,6 +48,11 @@ _INDEX_OPS = frozenset(
 )
 #: Attributes that only exist on a ``KVWriteLoc``: reading them is handling the record.
 _WRITELOC_FIELDS = frozenset({"loc", "full", "full_loc", "swa_loc"})
+#: kvcache's own slot validators: they take a slot tensor, and raise on a ``KVWriteLoc``.
+_SLOT_VALIDATORS = frozenset({"check_slots", "check_rows"})
+#: Name prefixes of validation helpers (after any leading underscores): handing a parameter to
+#: one checks it, and does not pass it on.
+_VALIDATION_PREFIXES = ("check", "validate", "verify", "assert", "ensure")
 
 
 def _statements(fn: FunctionNode) -> list[ast.stmt]:
@@ -71,9 +76,13 @@ def _is_not_implemented(exc: ast.expr | None) -> bool:
 
 
 def only_raises_not_implemented(fn: FunctionNode) -> bool:
-    """True when the body (after its docstring) is nothing but ``raise NotImplementedError``."""
+    """True when the body (after its docstring) starts with ``raise NotImplementedError``.
+
+    Whatever follows that ``raise`` is dead code: it never runs, so it does not implement
+    anything.
+    """
     body = _statements(fn)
-    return len(body) == 1 and isinstance(body[0], ast.Raise) and _is_not_implemented(body[0].exc)
+    return bool(body) and isinstance(body[0], ast.Raise) and _is_not_implemented(body[0].exc)
 
 
 def _first_arg(fn: FunctionNode) -> str | None:
@@ -120,9 +129,23 @@ def _tainted(fn: FunctionNode, name: str) -> set[str]:
     return tainted
 
 
+def _call_name(call: ast.Call) -> str:
+    func = call.func
+    if isinstance(func, ast.Name):
+        return func.id
+    return func.attr if isinstance(func, ast.Attribute) else ""
+
+
+def _is_validation(call: ast.Call) -> bool:
+    """``check_slots(...)``, ``self._validate(...)``, ``verify_x(...)`` and the like."""
+    return _call_name(call).lstrip("_").startswith(_VALIDATION_PREFIXES)
+
+
 def _passes_on(call: ast.Call) -> bool:
     func = call.func
     if isinstance(func, ast.Name) and func.id in _INSPECTING:
+        return False
+    if _is_validation(call):
         return False
     return not (
         isinstance(func, ast.Attribute)
@@ -180,8 +203,12 @@ def dropped_parameters(fn: FunctionNode, method: str, names: Collection[str]) ->
 
     A body delegates when it calls ``<something other than self>.<method>(...)``. A parameter
     counts as passed on when it, or a local computed from it, appears among the arguments of
-    any call that is not mere inspection (``isinstance``, ``len``, logging, ...): passing it to a
-    helper of one's own is fine, mentioning it in a ``None`` check and no more is not.
+    any call that is neither mere inspection (``isinstance``, ``len``, logging, ...) nor a
+    validation helper (``check_*``, ``validate*``, ``verify*``, ``assert*``, ``ensure*``, with or
+    without leading underscores): passing it to a helper of one's own that does work is fine;
+    checking it, or mentioning it in a ``None`` test, and no more is not. A validator's *result*
+    is a local computed from it, so ``m = check_slots(m)`` followed by the delegate call with
+    ``m`` is forwarding.
 
     A composite may have a good reason to drop one (an SWA pool's MHA sub-pools hold no
     recurrent state); it says so where a reader and the checker both see it: ``del
@@ -224,8 +251,10 @@ class RawUse:
     text: str
 
 
-def _mentions_raw(node: ast.AST, loc: str) -> bool:
-    """Whether ``node`` reads ``loc`` itself (``loc.full`` and friends do not count)."""
+def _mentions_raw(node: ast.AST, loc: str | Collection[str]) -> bool:
+    """Whether ``node`` reads ``loc`` (or one of several names) itself: ``loc.full`` and the
+    other ``KVWriteLoc`` fields do not count."""
+    names = {loc} if isinstance(loc, str) else set(loc)
     skip: set[int] = set()
     for sub in ast.walk(node):
         if (
@@ -235,7 +264,7 @@ def _mentions_raw(node: ast.AST, loc: str) -> bool:
         ):
             skip.add(id(sub.value))
     return any(
-        isinstance(sub, ast.Name) and sub.id == loc and id(sub) not in skip
+        isinstance(sub, ast.Name) and sub.id in names and id(sub) not in skip
         for sub in ast.walk(node)
     )
 
@@ -247,49 +276,112 @@ def _is_call_to(call: ast.Call, name: str) -> bool:
     )
 
 
-def _unwraps(call: ast.Call, args: list[ast.expr], loc: str) -> bool:
-    """``unwrap_write_loc(loc)``, or an ``isinstance(loc, ...)``/``hasattr(loc, ...)`` test."""
+def _reads_fields(fn: FunctionNode) -> set[str]:
+    """Names whose ``KVWriteLoc`` fields (``x.full``, ``x.swa_loc``, ...) the body reads."""
+    return {
+        n.value.id
+        for n in ast.walk(fn)
+        if isinstance(n, ast.Attribute)
+        and n.attr in _WRITELOC_FIELDS
+        and isinstance(n.value, ast.Name)
+    }
+
+
+def _unwrapped_name(call: ast.Call, fields_read: set[str]) -> str | None:
+    """The name a call really unwraps, if it is one: ``unwrap_write_loc(x)``; an
+    ``isinstance(x, ...)`` test naming ``KVWriteLoc``, or of an ``x`` whose record fields the
+    body reads elsewhere (``if isinstance(x, Tensor): ... else: x.full``); a ``hasattr(x, f)``
+    test of a ``KVWriteLoc`` field. Any other call unwraps nothing."""
+    args = list(_call_arguments(call))
+    if not args or not isinstance(args[0], ast.Name):
+        return None
+    name = args[0].id
     if _is_call_to(call, "unwrap_write_loc"):
-        return any(_mentions_raw(a, loc) for a in args)
-    return (
-        (_is_call_to(call, "isinstance") or _is_call_to(call, "hasattr"))
-        and bool(args)
-        and isinstance(args[0], ast.Name)
-        and args[0].id == loc
+        return name
+    if _is_call_to(call, "isinstance") and len(args) > 1:
+        names_writeloc = any(
+            (isinstance(n, ast.Name) and n.id == "KVWriteLoc")
+            or (isinstance(n, ast.Attribute) and n.attr == "KVWriteLoc")
+            for n in ast.walk(args[1])
+        )
+        return name if names_writeloc or name in fields_read else None
+    if _is_call_to(call, "hasattr") and len(args) > 1:
+        attr = args[1]
+        if isinstance(attr, ast.Constant) and attr.value in _WRITELOC_FIELDS:
+            return name
+    return None
+
+
+def _contains_unwrap(node: ast.AST) -> bool:
+    return any(
+        isinstance(n, ast.Call) and _is_call_to(n, "unwrap_write_loc") for n in ast.walk(node)
     )
 
 
-def raw_loc_uses(fn: FunctionNode, loc: str) -> list[RawUse]:
-    """Index uses of parameter ``loc`` that come before any unwrapping, in source order.
+def _end(node: ast.expr | ast.stmt) -> tuple[int, int]:
+    return (node.end_lineno or node.lineno, node.end_col_offset or 0)
 
-    Unwrapping is a call to ``unwrap_write_loc(loc)``, an ``isinstance``/``hasattr`` test of
-    ``loc`` naming ``KVWriteLoc`` or one of its fields, or rebinding ``loc``. Index uses are
-    ``buf[loc]`` (read or write) and ``loc`` among the arguments of ``index_copy_``,
-    ``index_put_``, ``index_select``, ``scatter_`` and the like. Passing ``loc`` on to another
-    method (a sub-pool's ``set_kv_buffer``) is neither: that method is checked on its own.
+
+#: A use (an indexing expression or call), an unwrapped name, or (names bound, value bound).
+_Event = ast.Call | ast.Subscript | str | tuple[set[str], ast.expr | None]
+
+
+def raw_loc_uses(fn: FunctionNode, loc: str) -> list[RawUse]:
+    """Index uses of parameter ``loc`` (or of a local alias of it) before it is unwrapped.
+
+    The body is read in source order. ``loc`` starts *raw*. A local assigned from an expression
+    that reads a raw name (``slots = loc``, ``slots = loc.long()``) is raw too; one assigned
+    from anything else (``loc = loc.full``, ``slots, _ = unwrap_write_loc(loc)``) is not. A raw
+    name stops being raw at a real unwrap of *that name*: ``unwrap_write_loc(x)``, an
+    ``isinstance(x, ...)`` test naming ``KVWriteLoc`` (or of an ``x`` whose record fields the
+    body also reads), a ``hasattr(x, "full")``-style test of a record field. A test of any other
+    name unwraps nothing.
+
+    Index uses are ``buf[x]`` (read or write), ``x`` among the arguments of ``index_copy_``,
+    ``index_put_``, ``index_select``, ``scatter_`` and the like, and ``x`` handed to kvcache's
+    slot validators ``check_slots``/``check_rows`` (they raise on a record). Passing ``loc`` on
+    to another method (a sub-pool's ``set_kv_buffer``) is neither: that method is checked on its
+    own.
     """
-    guards: list[tuple[int, int]] = []
-    uses: list[tuple[int, int, str]] = []
+    fields_read = _reads_fields(fn)
+    # (position, kind, payload); kinds: 0 = use, 1 = unwrap, 2 = binding. A binding takes
+    # effect at the end of its statement (its value is read first).
+    events: list[tuple[tuple[int, int], int, _Event]] = []
     for node in ast.walk(fn):
         if isinstance(node, ast.Call):
-            args = list(_call_arguments(node))
-            if _unwraps(node, args, loc):
-                guards.append((node.lineno, node.col_offset))
+            unwrapped = _unwrapped_name(node, fields_read)
+            if unwrapped is not None:
+                events.append(((node.lineno, node.col_offset), 1, unwrapped))
             elif (
-                isinstance(node.func, ast.Attribute)
-                and node.func.attr in _INDEX_OPS
-                and any(_mentions_raw(a, loc) for a in args)
-            ):
-                uses.append((node.lineno, node.col_offset, ast.unparse(node)))
-        elif isinstance(node, ast.Subscript) and _mentions_raw(node.slice, loc):
-            uses.append((node.lineno, node.col_offset, ast.unparse(node)))
-        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.For, ast.NamedExpr)):
+                isinstance(node.func, ast.Attribute) and node.func.attr in _INDEX_OPS
+            ) or _call_name(node) in _SLOT_VALIDATORS:
+                events.append(((node.lineno, node.col_offset), 0, node))
+        elif isinstance(node, ast.Subscript):
+            events.append(((node.lineno, node.col_offset), 0, node))
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.NamedExpr)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            if any(loc in _bound_names(t) for t in targets):
-                guards.append((node.lineno, node.col_offset))
-    first_guard = min(guards, default=None)
-    return [
-        RawUse(line, text)
-        for line, col, text in sorted(uses)
-        if first_guard is None or (line, col) < first_guard
-    ]
+            bound: set[str] = set()
+            for t in targets:
+                bound |= _bound_names(t)
+            events.append((_end(node), 2, (bound, node.value)))
+        elif isinstance(node, (ast.For, ast.AsyncFor)):
+            events.append((_end(node.target), 2, (_bound_names(node.target), None)))
+    events.sort(key=lambda e: (e[0], e[1]))
+    raw = {loc}
+    uses: list[RawUse] = []
+    for _, _kind, payload in events:
+        if isinstance(payload, (ast.Call, ast.Subscript)):
+            read: list[ast.expr] = (
+                list(_call_arguments(payload)) if isinstance(payload, ast.Call) else [payload.slice]
+            )
+            if raw and any(_mentions_raw(a, raw) for a in read):
+                uses.append(RawUse(payload.lineno, ast.unparse(payload)))
+        elif isinstance(payload, str):
+            raw.discard(payload)
+        elif isinstance(payload, tuple):
+            bound, value = payload
+            if value is not None and _mentions_raw(value, raw) and not _contains_unwrap(value):
+                raw |= bound
+            else:
+                raw -= bound
+    return uses

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..contracts.signature import MethodSig, Param, ParamKind, normalize_annotation
+from ..contracts.signature import MethodSig, Param, ParamKind
+from .annotations import parameter_conflicts, return_conflicts
 from .model import Finding, Location
 
 __all__ = ["compare_signatures"]
@@ -91,13 +92,12 @@ def compare_signatures(
                 f"give it a default (`{extra.render()} = ...`) or remove it",
             )
 
-    want_ret = normalize_annotation(contract.returns)
-    got_ret = normalize_annotation(impl.returns)
-    if want_ret and got_ret and want_ret != got_ret:
+    if return_conflicts(contract.returns, impl.returns):
         add(
             "return-mismatch",
             None,
-            f"returns `{impl.returns}`, the contract returns `{contract.returns}`",
+            f"returns `{impl.returns}`, the contract returns `{contract.returns}`: callers may "
+            "get a value the contract does not promise",
             f"annotate the return as `-> {contract.returns}`",
         )
     return findings
@@ -186,13 +186,11 @@ def _compare_param(emit: _Emit, want: Param, index: int, got: Param, impl: Metho
             f"`{want.name}` defaults to `{got.default}` here but `{want.default}` in the contract",
             f"write `{want.render()}`",
         )
-    want_ann = normalize_annotation(want.annotation)
-    got_ann = normalize_annotation(got.annotation)
-    if want_ann and got_ann and want_ann != got_ann:
+    if parameter_conflicts(want.annotation, got.annotation):
         emit(
             "annotation-mismatch",
             want.name,
             f"`{want.name}` is annotated `{got.annotation}` here but `{want.annotation}` "
-            "in the contract",
+            "in the contract: it does not accept every value the contract's callers pass",
             f"write `{want.render()}`",
         )

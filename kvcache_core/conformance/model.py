@@ -51,6 +51,10 @@ class Finding:
     severity: Severity | None = None
     #: A runnable snippet that shows the problem on its own (behaviour findings).
     reproduction: str = ""
+    #: The levels that saw this finding (``("source", "signature", "types")``), in run order.
+    #: Filled in when the same finding from several levels is merged into one (see
+    #: ``merge.merge_levels``); empty on a finding fresh from one check.
+    levels: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.rule not in RULES:

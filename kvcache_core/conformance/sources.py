@@ -52,14 +52,29 @@ def python_files(path: str) -> list[str]:
     return sorted(found)
 
 
-def module_name_for(path: str) -> tuple[str, str]:
-    """``(dotted module name, import root)`` of a file, from the ``__init__.py`` files above it."""
+def module_name_for(path: str, anchor: str | None = None) -> tuple[str, str]:
+    """``(dotted module name, import root)`` of a file, from the ``__init__.py`` files above it.
+
+    ``anchor`` is the folder the file was found under, as given on the command line. Folders
+    without ``__init__.py`` between the file and that folder are namespace packages: the name
+    then starts at the given folder itself (``srt/mem_cache/memory_pool.py`` found under
+    ``srt/mem_cache`` is ``mem_cache.memory_pool``), so that two files of one name in two
+    folders stay two modules, and relative imports between given folders resolve.
+    """
     path = os.path.abspath(path)
     directory, filename = os.path.split(path)
     parts = [] if filename == "__init__.py" else [filename[:-3]]
     while os.path.isfile(os.path.join(directory, "__init__.py")):
         directory, package = os.path.split(directory)
         parts.insert(0, package)
+    if anchor is not None and os.path.isdir(anchor):
+        top = os.path.dirname(os.path.abspath(anchor).rstrip(os.sep))
+        while directory.startswith(top + os.sep):
+            parent, package = os.path.split(directory)
+            if not package.isidentifier():
+                break
+            directory = parent
+            parts.insert(0, package)
     return ".".join(parts) or filename[:-3], directory
 
 
@@ -313,6 +328,10 @@ class SourceIndex:
         self.errors: dict[str, str] = {}
         self._missing: set[str] = set()
         self._mro: dict[int, list[Resolved]] = {}
+        #: Files read because they were given (not found through an import), by path, with
+        #: their path components reversed, for resolving absolute imports by suffix.
+        self._given: dict[str, tuple[str, ...]] = {}
+        self._by_path: dict[str, ModuleSource] = {}
 
     def add_root(self, root: str) -> None:
         root = os.path.abspath(root)
@@ -320,16 +339,54 @@ class SourceIndex:
             self.roots.append(root)
 
     # -- loading -----------------------------------------------------------------------------
-    def load_file(self, path: str) -> ModuleSource:
-        """Parse ``path`` (once) under the module name its package layout gives it."""
-        name, root = module_name_for(path)
+    def load_file(self, path: str, anchor: str | None = None) -> ModuleSource:
+        """Parse ``path`` (once) under the module name its package layout gives it (``anchor``:
+        the folder it was found under, see ``module_name_for``)."""
+        name, root = module_name_for(path, anchor)
         self.add_root(root)
-        known = self.modules.get(name)
-        if known is not None and known.path == os.path.abspath(path):
+        path = os.path.abspath(path)
+        stem = path[:-3] if path.endswith(".py") else path
+        parts = stem.split(os.sep)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        self._given.setdefault(path, tuple(reversed(parts)))
+        known = self._by_path.get(path) or self.modules.get(name)
+        if known is not None and known.path == path:
+            self.modules.setdefault(name, known)
             return known
         module = parse_module(path, name)
         self.modules[name] = module
+        self._by_path[path] = module
         return module
+
+    def _by_suffix(self, name: str) -> str | None:
+        """The given file whose path ends like the dotted ``name``, if exactly one does best.
+
+        Engines import their own modules absolutely (``from sglang.srt.mem_cache.memory_pool
+        import X``) while the checker is handed folders deep inside the tree, often inside
+        namespace packages (no ``__init__.py``), so no import root is known. A file
+        ``.../srt/mem_cache/memory_pool.py`` that was given answers for that name when at least
+        its last two components match (or all of them, for a one-component name). The longest
+        match wins; a tie between two files resolves nothing.
+        """
+        parts = tuple(reversed(name.split(".")))
+        need = min(2, len(parts))
+        best: str | None = None
+        best_len = 0
+        tie = False
+        for path, rparts in self._given.items():
+            n = 0
+            for a, b in zip(parts, rparts, strict=False):
+                if a != b:
+                    break
+                n += 1
+            if n < need:
+                continue
+            if n > best_len:
+                best, best_len, tie = path, n, False
+            elif n == best_len and path != best:
+                tie = True
+        return None if tie else best
 
     def _locate(self, name: str) -> str | None:
         rel = name.replace(".", os.sep)
@@ -340,6 +397,9 @@ class SourceIndex:
             ):
                 if os.path.isfile(candidate):
                     return candidate
+        given = self._by_suffix(name)
+        if given is not None:
+            return given
         if not self.external:
             return None
         top, _, rest = name.partition(".")
@@ -378,6 +438,10 @@ class SourceIndex:
         if path is None:
             self._missing.add(name)
             return None
+        same = self._by_path.get(os.path.abspath(path))
+        if same is not None:  # already read under another name: one module, one set of classes
+            self.modules[name] = same
+            return same
         try:
             module = parse_module(path, name)
         except (OSError, SyntaxError, UnicodeDecodeError, ValueError) as exc:
@@ -385,6 +449,7 @@ class SourceIndex:
             self._missing.add(name)
             return None
         self.modules[name] = module
+        self._by_path[os.path.abspath(path)] = module
         return module
 
     def is_opaque(self, module_name: str) -> bool:
@@ -510,9 +575,10 @@ class SourceIndex:
 
     def subclasses_of(self, root: ClassSource) -> list[ClassSource]:
         """Classes of the loaded modules that have ``root`` in their MRO (``root`` included)."""
+        modules = {id(m): m for m in list(self.modules.values())}  # aliases read once
         return [
             cls
-            for module in list(self.modules.values())
+            for module in modules.values()
             for cls in module.classes.values()
             if any(k is root for k in self.mro(cls))
         ]

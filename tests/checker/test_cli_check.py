@@ -60,7 +60,9 @@ def test_drifted_file_exits_1_with_findings(run_cli, isolated_modules):
         "signature:OffloadablePool",
         "source:TokenAllocator",
     } <= checks
-    assert len(run.findings("missing-parameter")) == 8  # 4 methods x 2 levels
+    # 4 methods, each seen by 2 levels, reported once
+    assert len(run.findings("missing-parameter")) == 4
+    assert {f.levels for f in run.findings("missing-parameter")} == {("source", "signature")}
 
 
 def test_clean_file_exits_0(run_cli, clean_file, isolated_modules):
@@ -84,7 +86,7 @@ def test_module_class_target(run_cli, monkeypatch, isolated_modules):
     )
     assert run.code == 1, run.err
     assert {r.target for r in run.results} == {"drift_corpus.allocator_drop.DroppingAllocator"}
-    assert len(run.findings("parameter-not-forwarded")) == 4
+    assert len(run.findings("parameter-not-forwarded")) == 2  # source and signature, merged
 
 
 def test_behaviour_is_skipped_when_asked_for(run_cli, clean_file):
@@ -197,7 +199,8 @@ def test_no_target_checks_every_installed_plugin_and_survives_broken_ones(
     assert load[0].outcome is Outcome.ERROR
     assert "RuntimeError: needs a GPU" in load[0].findings[0].message
     drifted = [f for f in run.findings("missing-parameter") if f.target.endswith("DriftedPool")]
-    assert len(drifted) == 2  # source and signature
+    assert len(drifted) == 1  # source and signature agree: one finding
+    assert drifted[0].levels == ("source", "signature")
     assert any(r.target == "kvcache_plugins.mha.MHATokenToKVPool" for r in run.results)
 
 

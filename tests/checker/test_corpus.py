@@ -20,6 +20,9 @@ FIXED_TWINS = [
     "DSALikePoolFixed",
     "DSAInheritsAll",
     "MLALikePoolFixed",
+    "ValidatingPoolFixed",
+    "WideningPool",
+    "ValidateThenDropAllocatorFixed",
     "RenamedPoolFixed",
     "SignatureDriftsFixed",
     "ImplementsAbstract",
@@ -179,3 +182,80 @@ def test_types_level_reports_every_drift_mypy_can_see(corpus_targets, tmp_path):
     # and the fixed twins pass this level too
     flagged = {r.target.rsplit(".", 1)[-1] for r in results if r.findings}
     assert not flagged & set(FIXED_TWINS), flagged & set(FIXED_TWINS)
+
+
+@pytest.mark.parametrize("level", ["source", "signature"])
+def test_a_kwargs_signature_is_not_called_contract_1(level, source_results, signature_results):
+    results = source_results if level == "source" else signature_results
+    for method in ("get_cpu_copy", "load_cpu_copy"):
+        (f,) = [
+            f
+            for r in results
+            for f in r.findings
+            if r.target.endswith(".KwargsCompositePool")
+            and f.rule == "kwargs-hides-parameter"
+            and f.method == method
+        ]
+        assert f.parameter == "mamba_indices"
+        assert f.impl_location is not None
+        assert f.impl_location.path.endswith("kwargs_composite.py")
+        assert "matches contract" not in f.message
+
+
+@pytest.mark.parametrize("level", ["source", "signature"])
+def test_only_a_narrower_parameter_or_a_wider_return_is_an_annotation_finding(
+    level, source_results, signature_results
+):
+    results = source_results if level == "source" else signature_results
+    widening = [f for r in results if r.target.endswith(".WideningPool") for f in r.findings]
+    assert widening == []
+    narrow = _one(results, "NarrowingPool", "annotation-mismatch")
+    assert (narrow.method, narrow.parameter) == ("get_cpu_copy", "mamba_indices")
+    assert narrow.impl_location is not None
+    assert narrow.impl_location.path.endswith("annotation_widths.py")
+    wide = _one(results, "NarrowingPool", "return-mismatch")
+    assert (wide.method, wide.parameter) == ("get_kv_size_bytes", None)
+
+
+@pytest.mark.parametrize("level", ["source", "signature"])
+def test_body_findings_name_rule_method_parameter_and_line(
+    level, source_results, signature_results
+):
+    results = source_results if level == "source" else signature_results
+
+    def where(cls: str, rule: str) -> tuple[str | None, str | None, str, int | None]:
+        f = _one(results, cls, rule)
+        assert f.impl_location is not None
+        return (
+            f.method,
+            f.parameter,
+            f.impl_location.path.rsplit("/", 1)[-1],
+            f.impl_location.line,
+        )
+
+    assert where("AliasingPool", "writeloc-not-unwrapped") == (
+        "set_kv_buffer",
+        "loc",
+        "body_aliases.py",
+        27,
+    )
+    assert where("ValidatingPool", "writeloc-not-unwrapped") == (
+        "set_kv_buffer",
+        "loc",
+        "body_aliases.py",
+        41,
+    )
+    assert where("DeadCodePool", "not-implemented") == (
+        "get_cpu_copy",
+        None,
+        "body_aliases.py",
+        63,
+    )
+    assert where("ValidateThenDropAllocator", "parameter-not-forwarded") == (
+        "get_cpu_copy",
+        "mamba_indices",
+        "body_aliases.py",
+        74,
+    )
+    for fixed in ("ValidatingPoolFixed", "ValidateThenDropAllocatorFixed"):
+        assert [f for r in results if r.target.endswith("." + fixed) for f in r.findings] == []

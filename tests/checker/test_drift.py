@@ -85,3 +85,107 @@ def test_cli_drift(run_cli, tmp_path):
     assert run.code == 0
     run = run_cli("drift", str(tmp_path / "nothing"))
     assert run.code == 2 and "no Python files" in run.err
+
+
+ENGINE = CORPUS / "engine_tree" / "python" / "sglang"
+SRT = ENGINE / "srt"
+
+
+def _by_class(results):
+    out: dict[str, list[object]] = {}
+    for r in results:
+        if r.check == "drift:overrides":
+            out.setdefault(r.target.rsplit(".", 1)[-1], []).extend(r.findings)
+    return out
+
+
+def test_engine_tree_resolves_absolute_imports_by_module_path_suffix(monkeypatch):
+    # run the way an engine author would: from inside the package, on two of its folders
+    monkeypatch.chdir(ENGINE)
+    results = analyze(["srt/mem_cache", "srt/hardware_backend"])
+    expected = expectations("drift", ENGINE)
+    got = reported(results)
+    assert got == expected, diff(expected, got)
+    (f,) = _by_class(results)["NPUMHATokenToKVPool"]
+    assert (f.rule, f.method, f.parameter) == ("missing-parameter", "get_cpu_copy", "mamba_indices")
+    assert f.impl_location.path.endswith("srt/hardware_backend/npu/memory_pool_npu.py")
+    assert f.contract_location.path.endswith("srt/mem_cache/memory_pool.py")
+    assert "overrides mem_cache.memory_pool.MHATokenToKVPool" in f.message
+    assert _by_class(results)["NPUGoodPool"] == []
+
+
+def test_a_base_outside_the_paths_given_is_reported_never_a_silent_pass():
+    results = analyze([str(SRT / "hardware_backend")])
+    by_class = _by_class(results)
+    (f,) = by_class["NPUMHATokenToKVPool"]
+    assert (f.rule, f.method, f.parameter) == ("unresolved-base", None, None)
+    assert "sglang.srt.mem_cache.memory_pool.MHATokenToKVPool" in f.message
+    assert f.impl_location is not None
+    assert f.impl_location.path.endswith("memory_pool_npu.py")
+    assert f.impl_location.line == 15
+    # even a good override cannot be judged without its base
+    assert [g.rule for g in by_class["NPUGoodPool"]] == ["unresolved-base"]
+
+
+def test_an_ambiguous_module_path_suffix_resolves_nothing(tmp_path):
+    for folder in ("a/srt/mem_cache", "b/srt/mem_cache"):
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "memory_pool.py").write_text(
+            "class Base:\n    def get_cpu_copy(self, indices, mamba_indices=None): ...\n"
+        )
+    (tmp_path / "npu.py").write_text(
+        "from eng.srt.mem_cache.memory_pool import Base\n\n\n"
+        "class Narrow(Base):\n    def get_cpu_copy(self, indices): ...\n"
+    )
+    results = analyze([str(tmp_path)])
+    (f,) = _by_class(results)["Narrow"]
+    assert (f.rule, f.impl_location.line) == ("unresolved-base", 4)
+
+
+def test_every_keyword_of_a_call_is_checked_and_positional_only_takes_none(tmp_path):
+    (tmp_path / "pools.py").write_text(
+        "class Base:\n"
+        "    def load_cpu_copy(self, snapshot, indices, mamba_indices=None): ...\n"
+        "\n"
+        "\n"
+        "class PosOnly(Base):\n"
+        "    def load_cpu_copy(self, snapshot, indices, /, mamba_indices=None): ...\n"
+        "\n"
+        "\n"
+        "def restore(pool, snap, slots, state):\n"
+        "    pool.load_cpu_copy(snap, indices=slots, mamba_indices=state, stream=None)\n"
+        "    pool.load_cpu_copy(snapshot=snap, indices=slots)\n"
+        "    pool.load_cpu_copy(snap, slots, mamba_indices=state)\n"
+    )
+    results = analyze([str(tmp_path / "pools.py")])
+    calls = sorted(
+        (f.impl_location.line, f.parameter, f.contract_location.line)
+        for r in results
+        for f in r.findings
+        if f.rule == "unaccepted-keyword"
+    )
+    assert calls == [
+        (10, "indices", 6),  # positional-only: `indices=` is a TypeError
+        (10, "stream", 2),  # the third keyword of the same call
+        (11, "indices", 6),
+        (11, "snapshot", 6),
+    ]
+
+
+def test_files_of_one_name_in_two_namespace_folders_stay_two_modules(monkeypatch):
+    monkeypatch.chdir(ENGINE)
+    results = analyze(["srt/mem_cache", "srt/hardware_backend"])
+    targets = {r.target for r in results if r.check == "drift:overrides"}
+    assert "mem_cache.memory_pool.MHATokenToKVPool" in targets
+    assert "hardware_backend.npu.memory_pool.NPUPagedPoolBase" in targets
+    by_class = _by_class(results)
+    (swa,) = by_class["SWAKVPool"]  # `from .memory_pool import ...` in mem_cache/
+    assert (swa.rule, swa.parameter) == ("missing-parameter", "mamba_indices")
+    assert swa.contract_location.path.endswith("srt/mem_cache/memory_pool.py")
+    (sub,) = by_class["NPUPagedSubPool"]  # `from .memory_pool import ...` in npu/
+    assert (sub.rule, sub.method, sub.parameter) == (
+        "missing-parameter",
+        "load_cpu_copy",
+        "mamba_indices",
+    )
+    assert sub.contract_location.path.endswith("srt/hardware_backend/npu/memory_pool.py")

@@ -247,3 +247,66 @@ def test_contract_version_selects_history(tmp_path, version, expected):
         if f.rule == "missing-parameter" and f.method == "get_cpu_copy"
     ]
     assert len(missing) == expected
+
+
+@pytest.mark.parametrize(
+    "contract, impl",
+    [
+        ("LayerLike", "Any"),
+        ("LayerLike", "typing.Any"),
+        ("LayerLike", "object"),
+        ("LayerLike", "LayerLike | None"),
+        ("LayerLike", "Union[LayerLike, int]"),
+        ("KVWriteLoc | torch.Tensor", "torch.Tensor | KVWriteLoc | None"),
+        ("float | None", "Optional[float]"),
+        ("float | None", "float | int | None"),
+        ("torch.Tensor", "Tensor | list[int]"),
+        # known on both sides, and wider: decided, and fine
+        ("torch.Tensor", "object"),
+        ("KVWriteLoc | torch.Tensor", "object"),
+        ("int | None", "float | None"),
+        ("float | None", "Any"),
+        # undecidable from text (what is MyLayer?): no finding, the types level asks mypy
+        ("LayerLike", "MyLayer"),
+        ("torch.Tensor", "MyTensor"),
+    ],
+)
+def test_a_wider_or_undecidable_parameter_annotation_is_no_finding(contract, impl):
+    from kvcache_core.conformance.annotations import parameter_conflicts
+
+    assert parameter_conflicts(contract, impl) is False
+
+
+@pytest.mark.parametrize(
+    "contract, impl",
+    [
+        ("float | None", "float"),  # drops None
+        ("float | None", "int | None"),  # narrower number
+        ("KVWriteLoc | torch.Tensor", "torch.Tensor"),  # drops the record
+        ("torch.Tensor", "list[int]"),  # unrelated
+        ("torch.Tensor | None", "torch.Tensor"),
+    ],
+)
+def test_a_narrower_or_unrelated_parameter_annotation_conflicts(contract, impl):
+    from kvcache_core.conformance.annotations import parameter_conflicts
+
+    assert parameter_conflicts(contract, impl) is True
+
+
+@pytest.mark.parametrize(
+    "contract, impl, conflicts",
+    [
+        ("int", "bool", False),  # narrower return: fine
+        ("int", "Any", False),
+        ("KVSnapshot", "MySnapshot", False),  # undecidable
+        ("tuple[torch.Tensor, torch.Tensor]", "Tuple[Tensor, Tensor]", False),
+        ("int", "float", True),  # wider return
+        ("int", "object", True),
+        ("int", "int | None", True),
+        ("None", "bool", True),
+    ],
+)
+def test_return_annotations_may_only_narrow(contract, impl, conflicts):
+    from kvcache_core.conformance.annotations import return_conflicts
+
+    assert return_conflicts(contract, impl) is conflicts

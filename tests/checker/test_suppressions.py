@@ -167,3 +167,33 @@ def test_suppressions_of_rules_a_run_cannot_report_are_not_called_unused():
     assert out == []
     out = apply_suppressions([], [supp], active_rules=None)
     assert out[0].findings[0].rule == "unused-suppression"
+
+
+def test_an_inline_suppression_only_covers_its_own_file(run_cli, tmp_path):
+    """``a.py:7`` suppresses a finding at ``a.py:7``, never one at ``b.py:7``."""
+    (tmp_path / "a.py").write_text(
+        "class Base:\n"
+        "    def get_cpu_copy(self, indices, mamba_indices=None): ...\n"
+        "\n"
+        "\n"
+        "\n"
+        "class A(Base):\n"
+        "    def get_cpu_copy(self, indices): ...  # kvcache: ignore[missing-parameter] v1 only\n"
+    )
+    (tmp_path / "b.py").write_text(
+        "from a import Base\n\n\n\n\nclass B(Base):\n    def get_cpu_copy(self, indices): ...\n"
+    )
+    (tmp_path / "pyproject.toml").write_text("")
+    run = run_cli("drift", "a.py", "b.py", cwd=tmp_path)
+    assert run.code == 1
+    (kept,) = run.findings()
+    assert (kept.rule, kept.target, kept.method, kept.parameter) == (
+        "missing-parameter",
+        "b.B",
+        "get_cpu_copy",
+        "mamba_indices",
+    )
+    assert str(kept.impl_location) == str(tmp_path / "b.py") + ":7"
+    (hidden,) = [r for r in run.results if r.extra.get("suppressed")]
+    assert hidden.target == "a.A"
+    assert hidden.extra["suppressed"][0]["by"] == str(tmp_path / "a.py") + ":7"

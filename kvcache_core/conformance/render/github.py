@@ -41,6 +41,7 @@ def _annotation(result: CheckResult, finding: Finding) -> str:
     where = finding.impl_location or finding.contract_location
     base = os.environ.get("GITHUB_WORKSPACE")
     subject = f"{finding.method}" if finding.method else result.target
+    seen = f"; seen by {', '.join(finding.levels)}" if len(finding.levels) > 1 else ""
     message = finding.message
     contract = location_text(finding.contract_location)
     if contract and finding.impl_location is not None:
@@ -52,7 +53,7 @@ def _annotation(result: CheckResult, finding: Finding) -> str:
         message,
         file=display_path(where.path, base) if where else None,
         line=where.line if where else None,
-        title=f"kvcache {finding.rule}: {result.target} {subject} ({result.check})",
+        title=f"kvcache {finding.rule}: {result.target} {subject} ({result.check}{seen})",
     )
 
 

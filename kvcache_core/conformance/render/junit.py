@@ -31,6 +31,8 @@ def _finding_text(finding: Finding) -> str:
         where += f"({finding.parameter})"
     head = f"{finding.severity}[{finding.rule}]" + (f" {where}:" if where else "")
     lines = [f"{head} {finding.message}"]
+    if len(finding.levels) > 1:
+        lines.append(f"  seen by: {', '.join(finding.levels)}")
     impl = location_text(finding.impl_location)
     contract = location_text(finding.contract_location)
     if impl:

@@ -79,6 +79,7 @@ def _result(result: CheckResult, finding: Finding, base: Path) -> dict[str, obje
             "outcome": str(result.outcome),
             "method": finding.method,
             "parameter": finding.parameter,
+            "levels": list(finding.levels),
         },
     }
     primary = finding.impl_location or finding.contract_location

@@ -28,6 +28,8 @@ def _finding_lines(finding: Finding) -> list[str]:
     head += f" {where}: {finding.message}" if where else f" {finding.message}"
     first, *more = head.splitlines() or [""]
     lines = [f"{_INDENT}{first}", *(f"{_INDENT}  {line}" for line in more)]
+    if len(finding.levels) > 1:
+        lines.append(f"{_INDENT}  seen by:        {', '.join(finding.levels)}")
     impl = location_text(finding.impl_location)
     contract = location_text(finding.contract_location)
     if impl:

@@ -29,7 +29,14 @@ from ..compare import compare_signatures
 from ..methods import outcome_for
 from ..model import CheckResult, Finding, Location, Outcome
 from ..resolve import UsageError
-from ..sources import ClassSource, ModuleSource, SourceIndex, module_name_for, python_files
+from ..sources import (
+    ClassSource,
+    ExternalBase,
+    ModuleSource,
+    SourceIndex,
+    module_name_for,
+    python_files,
+)
 
 __all__ = ["DEFAULT_METHODS", "DRIFT_RULES", "analyze"]
 
@@ -49,6 +56,7 @@ DRIFT_RULES = frozenset(
         "annotation-mismatch",
         "return-mismatch",
         "unaccepted-keyword",
+        "unresolved-base",
         "load-error",
     }
 )
@@ -76,19 +84,20 @@ class _Impl:
 
 
 def _load(paths: Sequence[str], index: SourceIndex) -> tuple[list[ModuleSource], list[CheckResult]]:
-    files: list[str] = []
-    for path in paths:
-        found = python_files(path)
+    files: dict[str, str] = {}  # file -> the path given that it was found under
+    for given in paths:
+        found = python_files(given)
         if not found:
-            raise UsageError(f"no Python files at {path}")
-        files += found
-    for path in files:
-        index.add_root(module_name_for(path)[1])
+            raise UsageError(f"no Python files at {given}")
+        for path in found:
+            files.setdefault(path, given)
+    for path, given in files.items():
+        index.add_root(module_name_for(path, given)[1])
     modules: list[ModuleSource] = []
     errors: list[CheckResult] = []
-    for path in dict.fromkeys(files):
+    for path, given in files.items():
         try:
-            modules.append(index.load_file(path))
+            modules.append(index.load_file(path, given))
         except (OSError, SyntaxError, UnicodeDecodeError, ValueError) as exc:
             line = getattr(exc, "lineno", None)
             message = f"cannot parse {path}: {type(exc).__name__}: {exc}"
@@ -120,7 +129,49 @@ def _nearest_definer(index: SourceIndex, cls: ClassSource, name: str) -> ClassSo
     )
 
 
+def _unresolved_before_definer(
+    index: SourceIndex, cls: ClassSource, name: str
+) -> list[ExternalBase]:
+    """Bases that could not be read and come, in the MRO, before any class read that defines
+    ``name``: any of them may be the real nearest definer, so nothing can be compared."""
+    unknown: list[ExternalBase] = []
+    for klass in index.mro(cls)[1:]:
+        if isinstance(klass, ClassSource) and name in klass.methods:
+            break
+        if isinstance(klass, ExternalBase) and not klass.known:
+            unknown.append(klass)
+    return unknown
+
+
+def _unresolved_findings(
+    index: SourceIndex, cls: ClassSource, methods: Sequence[str]
+) -> list[Finding]:
+    """``unresolved-base``: never a silent pass on a base the tree given does not contain."""
+    blind: dict[str, list[str]] = {}
+    for name in methods:
+        for unknown in _unresolved_before_definer(index, cls, name):
+            blind.setdefault(unknown.name, []).append(name)
+    findings: list[Finding] = []
+    for base, names in blind.items():
+        listed = ", ".join(f"`{n}`" for n in names)
+        findings.append(
+            Finding(
+                rule="unresolved-base",
+                message=f"base `{base}` of {cls.name} cannot be found in the paths given (nor "
+                f"installed), so {cls.name}'s {listed} cannot be compared with the "
+                f"{'method' if len(names) == 1 else 'methods'} it overrides: it was not checked",
+                target=cls.qualname,
+                hint=f"also pass the file or folder that defines `{base}` (absolute imports "
+                "are matched against the files given by their module path's last components)",
+                impl_location=Location(cls.path, cls.line),
+            )
+        )
+    return findings
+
+
 def _override_findings(index: SourceIndex, cls: ClassSource, impl: MethodSig) -> list[Finding]:
+    if _unresolved_before_definer(index, cls, impl.name):
+        return []  # reported as unresolved-base: comparing with a farther class could mislead
     ancestor = _nearest_definer(index, cls, impl.name)
     if ancestor is None:
         return []
@@ -316,6 +367,7 @@ def analyze(
             if not cls.is_protocol:
                 implementers[name].append(_Impl(cls, impl))
             findings += _override_findings(index, cls, impl)
+        findings += _unresolved_findings(index, cls, overrides)
         results.append(
             CheckResult(
                 cls.qualname,
