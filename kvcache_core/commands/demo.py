@@ -16,7 +16,7 @@ from typing import Any, TextIO
 
 from ..contracts.spec import CONTRACT_VERSION
 from ..discovery import Registry, discover
-from ..engine import DemoSettings, PoolReport, Scheduler, run_demo
+from ..engine import DemoSettings, PoolReport, Scheduler, run_demo, smallest_budget
 
 __all__ = ["SCHEMA_VERSION", "register", "render_json", "render_text", "run"]
 
@@ -62,17 +62,23 @@ def _settings(args: argparse.Namespace) -> DemoSettings:
     for name in ("requests", "budget"):
         if getattr(args, name) <= 0:
             raise ValueError(f"--{name} must be positive")
-    if args.page_size is None:
-        return DemoSettings(requests=args.requests, budget=args.budget, seed=args.seed)
-    if args.page_size <= 0:
-        raise ValueError("--page-size must be positive")
-    return DemoSettings(
-        requests=args.requests,
-        budget=args.budget,
-        seed=args.seed,
-        page_size=args.page_size,
-        page_size_overrides={},
-    )
+    settings = DemoSettings(requests=args.requests, budget=args.budget, seed=args.seed)
+    if args.page_size is not None:
+        if args.page_size <= 0:
+            raise ValueError("--page-size must be positive")
+        settings = DemoSettings(
+            requests=args.requests,
+            budget=args.budget,
+            seed=args.seed,
+            page_size=args.page_size,
+            page_size_overrides={},
+        )
+    least = smallest_budget(settings)
+    if settings.budget < least:
+        raise ValueError(
+            f"--budget {settings.budget} cannot hold the longest request alone; use >= {least}"
+        )
+    return settings
 
 
 class _Progress:

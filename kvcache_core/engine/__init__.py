@@ -20,6 +20,8 @@ from .runner import (
     pool_config,
     run_demo,
     run_pool,
+    single_thread,
+    smallest_budget,
 )
 from .scheduler import EngineError, Request, Scheduler, make_requests
 
@@ -38,4 +40,6 @@ __all__ = [
     "pool_config",
     "run_demo",
     "run_pool",
+    "single_thread",
+    "smallest_budget",
 ]

@@ -44,6 +44,7 @@ __all__ = [
     "run_demo",
     "run_pool",
     "single_thread",
+    "smallest_budget",
 ]
 
 #: HiSparse: logical slots per device slot (the budget counts logical slots).
@@ -198,6 +199,13 @@ def pool_config(
 def _ample_budget(requests: Sequence[Request], page: int) -> int:
     """Enough slots for every request at full length at once: no retraction can happen."""
     return sum(_round_up(len(r.prompt) + r.max_new, page) + page for r in requests)
+
+
+def smallest_budget(settings: DemoSettings) -> int:
+    """The least ``budget`` that holds the longest request alone (with a spare page)."""
+    page = max(settings.page_size, *(p for p, _ in settings.page_size_overrides.values()))
+    requests = make_requests(settings.requests, settings.seed, settings.shape.vocab)
+    return max(_round_up(len(r.prompt) + r.max_new, page) + page for r in requests)
 
 
 def _gbps(nbytes: int, seconds: float) -> float | None:

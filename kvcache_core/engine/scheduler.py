@@ -62,6 +62,8 @@ class DeviceResidency(Protocol):
 
     def logical_available_size(self) -> int: ...
 
+    def alloc_logical_only(self, need_size: int) -> torch.Tensor | None: ...
+
     def device_available_size(self) -> int: ...
 
     def alloc_device(self, logical: torch.Tensor) -> torch.Tensor | None: ...
@@ -212,6 +214,16 @@ class Scheduler:
         one = torch.tensor([tokens], dtype=torch.int64)
         return paged.alloc_extend(torch.zeros(1, dtype=torch.int64), one, -one.new_ones(1), tokens)
 
+    def _alloc_history(self, tokens: int) -> torch.Tensor | None:
+        """Slots for a resumed request's history. On HiSparse they are logical only, as the
+        docs intend for reloaded history: the model re-admits the tokens it chooses, so a long
+        request resumes even when the device could not hold all of it."""
+        if self.residency is None:
+            return self._alloc_new(tokens)
+        res = cast(DeviceResidency, self.residency)
+        slots = res.alloc_logical_only(self._pages(tokens) * self.page)
+        return None if slots is None else slots[:tokens]
+
     def _take_mamba_slot(self) -> torch.Tensor | None:
         if self.mamba is None:
             return None
@@ -235,7 +247,7 @@ class Scheduler:
     def _resume(self, req: Request) -> bool:
         """New slots (and Mamba slot), then reload the snapshot into them."""
         assert req.snapshot is not None
-        slots = self._alloc_new(req.slots.numel())
+        slots = self._alloc_history(req.slots.numel())
         if slots is None:
             return False
         req.slots, req.mamba_slot = slots, self._take_mamba_slot()
@@ -256,7 +268,11 @@ class Scheduler:
             if self._evict(keep=None):
                 continue
             if len(self.running) == 1:
-                raise EngineError(f"request {batch[0].rid} cannot grow in the whole pool")
+                req = self.running[0]
+                raise EngineError(
+                    f"request {req.rid} cannot grow past {req.slots.numel()} tokens in a pool "
+                    f"of {self.allocator.size} slots: raise the budget"
+                )
             victim = self.running[-1]  # the most recently admitted goes back to the queue
             self._retract(victim)
             if victim in batch:
@@ -336,11 +352,26 @@ class Scheduler:
         if missing.numel() == 0:
             return
         pages = torch.div(missing, self.page, rounding_mode="floor")
-        whole = req.slots[torch.isin(torch.div(req.slots, self.page, rounding_mode="floor"), pages)]
+        page_of = torch.div(req.slots, self.page, rounding_mode="floor")
+        whole = req.slots[torch.isin(page_of, pages)]
+        chosen = torch.div(slots, self.page, rounding_mode="floor")
         while (device := res.alloc_device(whole)) is None:
-            if not self._evict(keep=req):
+            if not self._evict(keep=req) and not self._evict_own(req, chosen):
                 raise EngineError("the device cannot hold one request's chosen tokens")
         pool.load_to_device(whole, device)
+
+    def _evict_own(self, req: Request, chosen_pages: torch.Tensor) -> bool:
+        """Drop the residency of ``req``'s own pages that this read does not need."""
+        pool, res = cast(HiSparsePool, self.pool), cast(DeviceResidency, self.residency)
+        page_of = torch.div(req.slots, self.page, rounding_mode="floor")
+        spare = req.slots[
+            (pool.translate_loc_to_device(req.slots) >= 0) & ~torch.isin(page_of, chosen_pages)
+        ]
+        if spare.numel() == 0:
+            return False
+        res.free_device(spare)
+        self.stats.evictions += 1
+        return True
 
     def _evict(self, keep: Request | None) -> bool:
         """Drop the device residency of the oldest other request that has any; False if none."""
