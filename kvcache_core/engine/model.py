@@ -144,7 +144,7 @@ class TinyModel:
         self.unembed = w(s.hidden, s.vocab) * 4.0  # sharper logits: fewer near-ties
         hd, lat = s.heads * s.head_dim, s.kv_lora_rank + s.rope_dim
         self.weights: list[dict[str, torch.Tensor]] = []
-        self._windowed: dict[int, bool] = {}
+        self._protocols: dict[tuple[int, type], bool] = {}
         for kind_i in self.types:
             if kind_i in ("mha", "window"):
                 layer = {"q": w(s.hidden, hd), "k": w(s.hidden, hd), "v": w(s.hidden, hd)}
@@ -168,6 +168,14 @@ class TinyModel:
                 }
             self.weights.append(layer)
 
+    def _is(self, pool: KVPool, protocol: type) -> bool:
+        """``isinstance(pool, protocol)``, remembered: a Protocol check walks every member."""
+        key = (id(pool), protocol)
+        known = self._protocols.get(key)
+        if known is None:
+            known = self._protocols[key] = isinstance(pool, protocol)
+        return known
+
     # -- the forward pass --------------------------------------------------------------------
     def forward(self, pool: KVPool, step: Step) -> torch.Tensor:
         """Write the new tokens' cache entries into ``pool``, attend over what the pool holds,
@@ -175,10 +183,7 @@ class TinyModel:
         positions = torch.arange(step.start, step.start + step.tokens.numel())
         x = self.embed.index_select(0, step.tokens) + self.pos.index_select(0, positions)
         loc = KVWriteLoc(step.write)
-        windowed = self._windowed.get(id(pool))
-        if windowed is None:  # a Protocol isinstance walks every member: once per pool
-            windowed = self._windowed[id(pool)] = isinstance(pool, SlidingWindowPool)
-        if windowed:  # translated once per forward, as engines do
+        if self._is(pool, SlidingWindowPool):  # translated once per forward, as engines do
             swa = cast(SlidingWindowPool, pool).translate_loc_from_full_to_swa(step.write)
             loc = KVWriteLoc(step.write, swa_loc=swa)
         for layer_id, kind in enumerate(self.types):
@@ -255,7 +260,8 @@ class TinyModel:
             visible = step.start + i + 1
             chosen = torch.topk(scores[i, :visible], min(s.topk, visible)).indices
             slots = step.context.index_select(0, chosen)
-            if isinstance(pool, HiSparsePool):
+            if self._is(pool, HiSparsePool):
+                pool = cast(HiSparsePool, pool)
                 if step.resident is not None:
                     step.resident(slots)
                 slots = pool.translate_loc_to_device(slots)

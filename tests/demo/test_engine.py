@@ -10,7 +10,7 @@ from kvcache_core.engine import DemoSettings, run_demo, run_pool
 from . import broken_pools
 
 #: Small enough for the suite (about a second per pool), big enough to force retractions.
-SMALL = DemoSettings(requests=5, budget=64)
+SMALL = DemoSettings(requests=4, budget=56)
 BUILT_INS = ("dsa", "hisparse", "mamba", "mha", "mla", "swa")
 
 
@@ -62,6 +62,6 @@ def test_a_pool_that_raises_is_reported_and_the_others_still_run(broken, registr
     "then. When this passes, drop PAGE_SIZE_OVERRIDES in kvcache_core/engine/runner.py.",
 )
 def test_hisparse_at_page_size_4(registry):
-    settings = DemoSettings(requests=5, budget=64, page_size_overrides={})
+    settings = DemoSettings(requests=3, budget=56, page_size_overrides={})
     report = run_pool("hisparse", registry.spec("hisparse"), settings)
     assert report.status == "identical", report.reason or report.differing_requests
