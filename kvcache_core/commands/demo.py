@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from typing import Any, TextIO
 
 from ..contracts.spec import CONTRACT_VERSION
@@ -88,10 +89,15 @@ class _Progress:
         self.stream = stream
         self.live = stream.isatty()
         self.shown = False
+        self.last = 0.0
 
     def __call__(self, pool: str, run: str, scheduler: Scheduler) -> None:
         if not self.live:
             return
+        now = time.monotonic()
+        if now - self.last < 0.1:  # a terminal needs ~10 updates a second, not every step
+            return
+        self.last = now
         s = scheduler.stats
         self.stream.write(
             f"\r\x1b[K{pool} ({run}): step {s.steps}, {len(scheduler.finished)} done, "
