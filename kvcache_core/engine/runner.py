@@ -203,7 +203,7 @@ def _ample_budget(requests: Sequence[Request], page: int) -> int:
 
 def smallest_budget(settings: DemoSettings) -> int:
     """The least ``budget`` that holds the longest request alone (with a spare page)."""
-    page = max(settings.page_size, *(p for p, _ in settings.page_size_overrides.values()))
+    page = max([settings.page_size, *(p for p, _ in settings.page_size_overrides.values())])
     requests = make_requests(settings.requests, settings.seed, settings.shape.vocab)
     return max(_round_up(len(r.prompt) + r.max_new, page) + page for r in requests)
 

@@ -109,3 +109,9 @@ def test_a_differing_pool_exits_1(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert code == 1
     assert "FAILED: mamba-drops-state" in out and " NO " in out
+
+
+def test_page_size_applies_to_every_pool(capsys):
+    assert main(["demo", "--pool", "mha", "--page-size", "2", *SMALL, "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["settings"]["page_size"] == 2 and doc["pools"][0]["page_size"] == 2
