@@ -23,7 +23,7 @@ from .runner import (
     single_thread,
     smallest_budget,
 )
-from .scheduler import EngineError, Request, Scheduler, make_requests
+from .scheduler import EngineError, Request, Scheduler, Unsupported, make_requests
 
 __all__ = [
     "MODEL_KINDS",
@@ -35,6 +35,7 @@ __all__ = [
     "RunStats",
     "Scheduler",
     "TinyModel",
+    "Unsupported",
     "choose_model",
     "make_requests",
     "pool_config",

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from types import MappingProxyType
 from typing import Any
 
@@ -33,7 +34,7 @@ from kvcache_core import (
 )
 
 from .model import ModelShape, TinyModel, layer_types
-from .scheduler import Request, Scheduler, make_requests
+from .scheduler import Request, Scheduler, Unsupported, make_requests
 
 __all__ = [
     "DemoSettings",
@@ -184,6 +185,9 @@ def pool_config(
         common["hisparse_ratio"] = HISPARSE_RATIO
     if kind == "swa":
         common["swa_layer_ids"] = tuple(i for i, t in enumerate(types) if t == "window")
+        # As many window slots as full ones: alloc_extend (a prefill, and a resume before the
+        # snapshot's mask trims it) needs a window slot per token, so a smaller window side
+        # would be the binding limit and hide the full side's retractions.
         common["swa_size"] = size
     if kind == "mamba":
         common.update(
@@ -213,7 +217,7 @@ def _gbps(nbytes: int, seconds: float) -> float | None:
 
 
 def _run_once(
-    spec: PoolSpec,
+    create: Callable[[PoolConfig], tuple[Any, Any]],
     kind: str,
     settings: DemoSettings,
     budget: int,
@@ -222,7 +226,7 @@ def _run_once(
 ) -> tuple[RunStats, dict[int, list[int]]]:
     began = time.perf_counter()
     config = pool_config(kind, settings.shape, budget, page, settings.max_running)
-    pool, allocator = spec.factory(config)
+    pool, allocator = create(config)
     missing = [p.__name__ for p in _NEEDS[kind] if not isinstance(pool, p)]
     if missing or not isinstance(allocator, TokenAllocator):
         what = ", ".join(missing) if missing else "TokenAllocator (allocator)"
@@ -257,13 +261,18 @@ def run_pool(
     spec: PoolSpec,
     settings: DemoSettings,
     progress: Callable[[str, str, Scheduler], None] | None = None,
+    create: Callable[[PoolConfig], tuple[Any, Any]] | None = None,
 ) -> PoolReport:
-    """Run ``spec`` with ample memory, then with ``settings.budget``; compare the tokens."""
+    """Run ``spec`` with ample memory, then with ``settings.budget``; compare the tokens.
+
+    ``create`` builds the pool and allocator (default ``spec.factory``; :func:`run_demo` passes
+    ``registry.create``, which also checks the factory returned a pool).
+    """
     kind, why = choose_model(spec.capabilities)
     if kind is None:
         return PoolReport(name, "skipped", reason=why)
     with single_thread():
-        return _run_pool(name, spec, kind, settings, progress)
+        return _run_pool(name, spec, kind, settings, progress, create or spec.factory)
 
 
 def _run_pool(
@@ -272,6 +281,7 @@ def _run_pool(
     kind: str,
     settings: DemoSettings,
     progress: Callable[[str, str, Scheduler], None] | None,
+    create: Callable[[PoolConfig], tuple[Any, Any]],
 ) -> PoolReport:
     # Without the paged capability the allocator only has alloc(n): one slot per page.
     page, note = settings.page_for(kind)
@@ -285,12 +295,16 @@ def _run_pool(
     try:
         label = "ample"
         report.ample, first = _run_once(
-            spec, kind, settings, ample, page, _tag(progress, name, label)
+            create, kind, settings, ample, page, _tag(progress, name, label)
         )
         label = "constrained"
         report.constrained, second = _run_once(
-            spec, kind, settings, settings.budget, page, _tag(progress, name, label)
+            create, kind, settings, settings.budget, page, _tag(progress, name, label)
         )
+    except Unsupported as exc:  # the engine lacks what it needs: not the pool's fault
+        report.status, report.reason = "skipped", str(exc)
+        report.seconds = round(time.perf_counter() - began, 3)
+        return report
     except Exception as exc:  # a broken pool is reported for that pool, never a crash
         report.reason = f"{label} run: {type(exc).__name__}: {exc}"
         report.seconds = round(time.perf_counter() - began, 3)
@@ -332,4 +346,7 @@ def run_demo(
     settings = settings or DemoSettings()
     chosen = registry.names() if names is None else list(names)
     with single_thread():
-        return [run_pool(n, registry.spec(n), settings, progress) for n in chosen]
+        return [
+            run_pool(n, registry.spec(n), settings, progress, partial(registry.create, n))
+            for n in chosen
+        ]

@@ -45,6 +45,7 @@ __all__ = [
     "Request",
     "Scheduler",
     "SchedulerStats",
+    "Unsupported",
     "make_requests",
 ]
 
@@ -55,6 +56,11 @@ class EngineError(RuntimeError):
     """The engine cannot go on (e.g. the budget cannot hold even one request)."""
 
 
+class Unsupported(EngineError):
+    """The pool declares a capability but its allocator lacks the documented extras the
+    engine needs to serve it (the demo skips such a pool rather than failing it)."""
+
+
 @runtime_checkable
 class DeviceResidency(Protocol):
     """The HiSparse allocator's residency calls (docs/pools/hisparse.md): not in the core
@@ -63,8 +69,6 @@ class DeviceResidency(Protocol):
     def logical_available_size(self) -> int: ...
 
     def alloc_logical_only(self, need_size: int) -> torch.Tensor | None: ...
-
-    def device_available_size(self) -> int: ...
 
     def alloc_device(self, logical: torch.Tensor) -> torch.Tensor | None: ...
 
@@ -131,10 +135,16 @@ class Scheduler:
         self.window = isinstance(pool, SlidingWindowPool) and isinstance(allocator, SWAAllocator)
         self.mamba = getattr(allocator, "mamba_allocator", None)
         if isinstance(pool, MambaStatePool) and not isinstance(self.mamba, MambaSlotAllocator):
-            raise EngineError("a Mamba pool's allocator must offer mamba_allocator")
+            raise Unsupported(
+                "a mamba-state pool whose allocator has no mamba_allocator (a MambaSlotAllocator, "
+                "docs/pools/mamba.md): the engine has no way to get request slots"
+            )
         self.residency = allocator if isinstance(pool, HiSparsePool) else None
         if self.residency is not None and not isinstance(self.residency, DeviceResidency):
-            raise EngineError("a HiSparse allocator must offer alloc_device/free_device")
+            raise Unsupported(
+                "a hisparse pool whose allocator lacks logical_available_size, "
+                "alloc_logical_only, alloc_device or free_device (docs/pools/hisparse.md)"
+            )
         self.max_running = max_running
         self.progress = progress
         self.stats = SchedulerStats()

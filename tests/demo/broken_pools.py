@@ -94,6 +94,12 @@ def _spec(name: str, base: Any, cls: type) -> PoolSpec:
     )
 
 
+def _mamba_without_slot_allocator(config: PoolConfig) -> tuple[Any, Any]:
+    """A Mamba pool whose allocator does not offer ``mamba_allocator``: unservable."""
+    pool, _ = mamba.create(config)
+    return pool, PagedSlotAllocator(config.size, config.page_size, pool)
+
+
 @hookimpl
 def kvcache_pool_specs() -> list[PoolSpec]:
     return [
@@ -101,6 +107,13 @@ def kvcache_pool_specs() -> list[PoolSpec]:
         _spec("swa-window-at-full-slot", swa, SWAWindowAtFullSlot),
         _spec("dsa-drops-indexer", dsa, DSADropsIndexer),
         _spec("mha-raises", mha, MHARaisesOnOffload),
+        PoolSpec(
+            name="mamba-no-slots",
+            pool_class=mamba.HybridMambaKVPool,
+            allocator_class=PagedSlotAllocator,
+            factory=_mamba_without_slot_allocator,
+            capabilities=mamba.kvcache_pool_specs()[0].capabilities,
+        ),
         PoolSpec(
             name="no-offload",
             pool_class=mha.MHATokenToKVPool,

@@ -21,7 +21,7 @@ def registry():
 
 @pytest.fixture(scope="module")
 def broken():
-    return discover(plugins=[broken_pools], allow=[])
+    return discover(plugins=[broken_pools], allow=["mha"])
 
 
 @pytest.mark.parametrize("name", BUILT_INS)
@@ -49,10 +49,11 @@ def test_a_broken_pool_makes_the_tokens_differ(broken, name):
 
 
 def test_a_pool_that_raises_is_reported_and_the_others_still_run(broken, registry):
-    reports = run_demo(broken, ["mha-raises", "no-offload"], SMALL)
-    assert [r.status for r in reports] == ["error", "skipped"]
+    reports = run_demo(broken, ["mha-raises", "no-offload", "mamba-no-slots", "mha"], SMALL)
+    assert [r.status for r in reports] == ["error", "skipped", "skipped", "identical"]
     assert "constrained run: RuntimeError: offload is broken" in (reports[0].reason or "")
     assert "offload" in (reports[1].reason or "")
+    assert "mamba_allocator" in (reports[2].reason or "")
 
 
 @pytest.mark.xfail(
