@@ -212,7 +212,7 @@ class Scheduler:
     def _alloc_new(self, tokens: int) -> torch.Tensor | None:
         """Slots for a request starting from nothing; on HiSparse, evict until the device fits."""
         while (slots := self._alloc_fresh(tokens)) is None:
-            if not self._evict(keep=None):
+            if not self._device_short(self._pages(tokens) * self.page) or not self._evict(None):
                 return None
         return slots
 
@@ -275,7 +275,7 @@ class Scheduler:
             new = self._alloc_decode(batch)
             if new is not None:
                 break
-            if self._evict(keep=None):
+            if self._device_short(len(batch) * self.page) and self._evict(keep=None):
                 continue
             if len(self.running) == 1:
                 req = self.running[0]
@@ -369,6 +369,13 @@ class Scheduler:
             if not self._evict(keep=req) and not self._evict_own(req, chosen):
                 raise EngineError("the device cannot hold one request's chosen tokens")
         pool.load_to_device(whole, device)
+
+    def _device_short(self, tokens: int) -> bool:
+        """HiSparse: the logical side has room for ``tokens``, so a refusal was the device's
+        (evicting helps); otherwise only a retraction frees what is missing."""
+        if self.residency is None:
+            return False
+        return cast(DeviceResidency, self.residency).logical_available_size() >= tokens
 
     def _evict_own(self, req: Request, chosen_pages: torch.Tensor) -> bool:
         """Drop the residency of ``req``'s own pages that this read does not need."""
