@@ -102,19 +102,24 @@ def _attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
 ) -> torch.Tensor:
     """Softmax attention. q ``[n, H, Dk]``, k ``[S, h, Dk]``, v ``[S, h, Dv]`` (h is H or 1),
-    mask ``[n, S]`` True where visible. Returns ``[n, H * Dv]``."""
+    mask ``[n, S]`` True where visible (None: all visible, as for every decode step). Returns
+    ``[n, H * Dv]``. Plain matmuls rather than einsum: this is the hot loop, and einsum's
+    parsing cost more than the arithmetic at these sizes."""
     heads = q.shape[1]
     k = k.expand(k.shape[0], heads, k.shape[2])
     v = v.expand(v.shape[0], heads, v.shape[2])
-    scores = torch.einsum("nhd,shd->hns", q, k) / math.sqrt(q.shape[2])
+    scores = torch.matmul(q.transpose(0, 1), k.permute(1, 2, 0)) * (q.shape[2] ** -0.5)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    out = torch.einsum("hns,shd->nhd", torch.softmax(scores, dim=-1), v)
-    return out.reshape(out.shape[0], -1)
+    out = torch.matmul(torch.softmax(scores, dim=-1), v.transpose(0, 1))  # [H, n, Dv]
+    return out.transpose(0, 1).reshape(out.shape[1], -1)
 
 
-def _causal(start: int, n: int, first: int, keys: int, window: int | None) -> torch.Tensor:
-    """Which keys (positions ``first .. first + keys - 1``) each query ``start + i`` sees."""
+def _causal(start: int, n: int, first: int, keys: int, window: int | None) -> torch.Tensor | None:
+    """Which keys (positions ``first .. first + keys - 1``) each query ``start + i`` sees;
+    None for a single query (decode), which sees every key it was given."""
+    if n == 1:
+        return None
     q = torch.arange(start, start + n).view(-1, 1)
     k = torch.arange(first, first + keys).view(1, -1)
     seen = k <= q
@@ -147,8 +152,7 @@ class TinyModel:
         self._protocols: dict[tuple[int, type], bool] = {}
         for kind_i in self.types:
             if kind_i in ("mha", "window"):
-                layer = {"q": w(s.hidden, hd), "k": w(s.hidden, hd), "v": w(s.hidden, hd)}
-                layer["o"] = w(hd, s.hidden)
+                layer = {"qkv": w(s.hidden, 3 * hd), "o": w(hd, s.hidden)}
             elif kind_i == "mamba":
                 layer = {
                     "in": w(s.hidden, s.hidden),
@@ -202,7 +206,7 @@ class TinyModel:
         self, pool: KVPool, lid: int, h: torch.Tensor, step: Step, loc: KVWriteLoc, window: bool
     ) -> torch.Tensor:
         s, wt, n = self.shape, self.weights[lid], h.shape[0]
-        q, k, v = ((h @ wt[name]).view(n, s.heads, s.head_dim) for name in ("q", "k", "v"))
+        q, k, v = (h @ wt["qkv"]).view(n, 3, s.heads, s.head_dim).unbind(1)
         pool.set_kv_buffer(LayerRef(lid), loc, k, v)
         first = 0
         slots = step.context

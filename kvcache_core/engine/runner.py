@@ -77,8 +77,8 @@ _NEEDS: dict[str, tuple[type, ...]] = {
 class DemoSettings:
     """What ``kvcache demo`` runs: defaults force several retractions on every built-in pool."""
 
-    requests: int = 16
-    budget: int = 128  # token slots in the constrained run
+    requests: int = 12
+    budget: int = 96  # token slots in the constrained run
     seed: int = 0
     page_size: int = 4
     max_running: int = 8

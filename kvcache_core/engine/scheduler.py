@@ -318,11 +318,19 @@ class Scheduler:
             req.mamba_slot = None
 
     def _finish(self) -> None:
-        for req in [r for r in self.running if r.done]:
-            self._release(req)
-            req.slots = _EMPTY
-            self.running.remove(req)
-            self.finished.append(req)
+        """Release finished requests (in one free group, as engines release a batch), then
+        the window slots that slid out of every running request's window."""
+        done = [r for r in self.running if r.done]
+        if done:
+            self.allocator.free_group_begin()
+            try:
+                for req in done:
+                    self._release(req)
+                    req.slots = _EMPTY
+                    self.running.remove(req)
+                    self.finished.append(req)
+            finally:
+                self.allocator.free_group_end()
         if self.window:
             for req in self.running:
                 self._release_window(req)
