@@ -66,3 +66,27 @@ def test_hisparse_at_page_size_4(registry):
     settings = DemoSettings(requests=3, budget=56, page_size_overrides={})
     report = run_pool("hisparse", registry.spec("hisparse"), settings)
     assert report.status == "identical", report.reason or report.differing_requests
+
+
+def test_window_slots_that_left_the_window_are_given_back(registry):
+    """The SWA run frees window slots as tokens slide out (free_swa), so retraction snapshots
+    mark only the window's tokens (docs/pools/swa.md: part ``swa_mask``), and the resumed
+    requests still produce the same tokens."""
+    masks = []
+
+    def create(config):
+        pool, allocator = registry.create("swa", config)
+        get_cpu_copy = allocator.get_cpu_copy
+
+        def recording(indices, mamba_indices=None):
+            snapshot = get_cpu_copy(indices, mamba_indices=mamba_indices)
+            masks.append(snapshot.parts["swa_mask"])
+            return snapshot
+
+        allocator.get_cpu_copy = recording
+        return pool, allocator
+
+    report = run_pool("swa", registry.spec("swa"), SMALL, create=create)
+    assert report.status == "identical", report.reason or report.differing_requests
+    assert masks and any(not bool(m.all()) for m in masks)
+    assert any(bool(m.any()) for m in masks)
