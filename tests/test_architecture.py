@@ -90,3 +90,17 @@ def test_conformance_has_one_subpackage_per_level():
                 owner = ".".join(parts[: private[0]])
                 here = ".".join(path.relative_to(ROOT).with_suffix("").parts)
                 assert here.startswith(owner + "."), f"{here}:{line} reaches into {module}"
+
+
+def test_the_reference_engine_speaks_only_the_public_face():
+    """The engine proves the contract is enough: it may import ``kvcache_core``'s public names
+    and its own modules, never a plugin and never core's internals."""
+    offenders = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path, names in imported_modules("kvcache_core/engine").items()
+        for name in names
+        if name.split(".")[0] in ("kvcache_core", "kvcache_plugins")
+        and name != "kvcache_core"
+        and not name.startswith("kvcache_core.engine")
+    ]
+    assert offenders == []
