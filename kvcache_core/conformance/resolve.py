@@ -142,6 +142,7 @@ def _merge(targets: list[ClassTarget]) -> list[ClassTarget]:
                 known.module,
                 known.plugin,
                 known.pool,
+                tuple(dict.fromkeys(known.serves + t.serves)),
             )
     return list(merged.values())
 

@@ -1,3 +1,12 @@
-"""The battery: importing this package registers every check (one module per concern)."""
+"""The battery: importing this package registers every check (one module per concern).
 
+One import line per module (isort would merge them), so that modules added in parallel merge
+without conflicts.
+"""
+# isort: skip_file
+
+from . import isolation  # noqa: F401
+from . import offload  # noqa: F401
+from . import readback  # noqa: F401
+from . import window  # noqa: F401
 from . import writes  # noqa: F401
