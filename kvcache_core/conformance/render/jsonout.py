@@ -33,6 +33,7 @@ def _finding(finding: Finding) -> dict[str, object]:
         "hint": finding.hint,
         "contract_location": _location(finding.contract_location),
         "impl_location": _location(finding.impl_location),
+        "reproduction": finding.reproduction,
     }
 
 

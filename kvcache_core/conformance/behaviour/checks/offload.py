@@ -316,7 +316,7 @@ def snapshot_is_copy(ctx: CheckContext) -> None:
     if where is not None:
         raise BehaviourFailure(
             f"writing the pool at slots {slots.tolist()} after get_cpu_copy changed the "
-            f"snapshot (it shares memory with the pool): part {where}",
+            f"snapshot (it shares memory with the pool): {where}",
             reproduction=ctx.reproduction(
                 [
                     allocate_source(ctx, n),
