@@ -13,7 +13,14 @@ from typing import Any
 
 import torch
 
-from kvcache_core import KVSnapshot, KVWriteLoc, LayerLike, PoolConfig, PoolSpec
+from kvcache_core import (
+    KVSnapshot,
+    KVWriteLoc,
+    LayerLike,
+    PoolConfig,
+    PoolSpec,
+    unwrap_write_loc,
+)
 from kvcache_plugins import dsa, mamba, mha, mla, swa
 from kvcache_plugins.mla import MLATokenToKVPool
 
@@ -142,7 +149,8 @@ def drops_mamba(config: PoolConfig) -> tuple[Any, Any]:
 
 
 class LeakyMHA(mha.MHATokenToKVPool):
-    """Also writes every layer's keys and values into the next layer at the same slots."""
+    """A batched (prefill) write also lands in the next layer at the same slots, as a fused
+    kernel with a wrong layer stride would; single-token (decode) writes are right."""
 
     def set_kv_buffer(
         self,
@@ -155,7 +163,7 @@ class LeakyMHA(mha.MHATokenToKVPool):
     ) -> None:
         super().set_kv_buffer(layer, loc, cache_k, cache_v, k_scale, v_scale)
         other = (layer.layer_id - self.start_layer + 1) % self.layer_num + self.start_layer
-        if other != layer.layer_id:
+        if other != layer.layer_id and unwrap_write_loc(loc)[0].numel() > 1:
             leak = _LayerId(other)
             super().set_kv_buffer(leak, loc, cache_k, cache_v, k_scale, v_scale)
 

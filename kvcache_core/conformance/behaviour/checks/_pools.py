@@ -21,6 +21,7 @@ __all__ = [
     "allocate",
     "allocate_source",
     "buffer_rows",
+    "expected_after_write",
     "fill_everything",
     "is_window_layer",
     "kv_rows",
@@ -167,3 +168,32 @@ def mamba_request_slots(allocator: Any, pool: Any, n: int, taken: set[int]) -> t
     if len(free) < n:
         raise RuntimeError(f"the pool has fewer than {n} free request slots")
     return torch.tensor(free, dtype=torch.int64)
+
+
+def expected_after_write(
+    ctx: CheckContext,
+    pool: Any,
+    before: dict[str, torch.Tensor],
+    layer: int,
+    slots: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    after: dict[str, torch.Tensor],
+) -> dict[str, torch.Tensor]:
+    """``before`` with the rows one ``set_kv_buffer(layer, slots, k, v)`` owns set to what it
+    wrote; the padding row 0 of that layer's buffers is taken from ``after`` (tokens without
+    a window or device slot are written there)."""
+    expected = {name: t.clone() for name, t in before.items()}
+    rows = buffer_rows(ctx, pool, layer, slots)
+    held = rows >= 0
+    rank = latent_width(pool) if Capability.MLA in ctx.capabilities else None
+    key, value = expected[f"layer {layer} key"], expected[f"layer {layer} value"]
+    for name in (f"layer {layer} key", f"layer {layer} value"):
+        expected[name][0] = after[name][0]  # the padding row
+    key[rows[held]] = k.cpu().to(key.dtype)[held]
+    want_v = k[..., :rank] if rank is not None else v
+    value[rows[held]] = want_v.cpu().to(value.dtype)[held]
+    mla = expected.get(f"layer {layer} mla")
+    if mla is not None:
+        mla[slots.cpu()] = k.cpu().reshape(slots.numel(), *mla.shape[1:]).to(mla.dtype)
+    return expected

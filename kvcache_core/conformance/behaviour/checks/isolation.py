@@ -10,46 +10,17 @@ change: pools send tokens without a window (or device) slot there.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from ....contracts.spec import Capability
 from .._check import BehaviourFailure, behaviour_check
 from .._context import CheckContext, Layer
 from .._state import attention_layer_ids, capture, first_difference
-from ._pools import allocate, allocate_source, buffer_rows, fill_everything, kv_rows, latent_width
+from ._pools import allocate, allocate_source, expected_after_write, fill_everything, kv_rows
 
 HINT = (
     "index only the written layer's buffers, at exactly the (translated) slots of `loc`; "
     "never write through a view shared with another layer"
 )
-
-
-def _expected(
-    ctx: CheckContext,
-    pool: Any,
-    before: dict[str, torch.Tensor],
-    layer: int,
-    slots: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    after: dict[str, torch.Tensor],
-) -> dict[str, torch.Tensor]:
-    expected = {name: t.clone() for name, t in before.items()}
-    rows = buffer_rows(ctx, pool, layer, slots)
-    held = rows >= 0
-    rank = latent_width(pool) if Capability.MLA in ctx.capabilities else None
-    key, value = expected[f"layer {layer} key"], expected[f"layer {layer} value"]
-    for name in (f"layer {layer} key", f"layer {layer} value"):
-        expected[name][0] = after[name][0]  # the padding row
-    key[rows[held]] = k.cpu().to(key.dtype)[held]
-    want_v = k[..., :rank] if rank is not None else v
-    value[rows[held]] = want_v.cpu().to(value.dtype)[held]
-    mla = expected.get(f"layer {layer} mla")
-    if mla is not None:
-        mla[slots.cpu()] = k.cpu().reshape(slots.numel(), *mla.shape[1:]).to(mla.dtype)
-    return expected
 
 
 @behaviour_check("write-isolation", hint=HINT)
@@ -66,7 +37,9 @@ def write_isolation(ctx: CheckContext) -> None:
         k, v = kv_rows(pool, layer, chosen.numel(), gen)
         pool.set_kv_buffer(Layer(layer), chosen.to(pool.device), k, v)
         after = capture(pool, ctx.config, ctx.capabilities)
-        where = first_difference(_expected(ctx, pool, before, layer, chosen, k, v, after), after)
+        where = first_difference(
+            expected_after_write(ctx, pool, before, layer, chosen, k, v, after), after
+        )
         if where is None:
             continue
         raise BehaviourFailure(

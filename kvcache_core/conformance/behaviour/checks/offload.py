@@ -20,13 +20,15 @@ import torch
 from ....contracts.snapshot import KVSnapshot
 from ....contracts.spec import Capability
 from .._check import BehaviourFailure, behaviour_check
-from .._context import CheckContext
+from .._context import CheckContext, Layer
 from .._state import attention_layer_ids, capture, first_difference, same_bits
 from ._pools import (
     allocate,
     allocate_source,
     buffer_rows,
+    expected_after_write,
     fill_everything,
+    kv_rows,
     mamba_request_slots,
     write_state_rows,
 )
@@ -44,11 +46,17 @@ COPY_HINT = (
 
 @dataclass(frozen=True)
 class _Pattern:
-    """Which of a request's ``n`` slots are offloaded: positions into the allocation."""
+    """Which of a request's ``n`` slots are offloaded: positions into the allocation.
+
+    ``resumable`` patterns are a request's tokens in order, so the reloaded slots form a
+    request that can decode on (a shuffled or single-slot set exercises the copy only: an
+    engine never resumes a request whose last token slid out of the window).
+    """
 
     name: str
     tokens: int
     pick: Callable[[int, int, torch.Generator], list[int]]
+    resumable: bool = False
 
 
 def _run(n: int, page: int, gen: torch.Generator) -> list[int]:
@@ -69,10 +77,10 @@ def _pages(n: int, page: int, gen: torch.Generator) -> list[int]:
 
 def _patterns(page: int) -> list[_Pattern]:
     return [
-        _Pattern("a run", page + 3, _run),
+        _Pattern("a run", page + 3, _run, resumable=True),
         _Pattern("shuffled slots", page + 3, _shuffled),
         _Pattern("a single slot", 3, _single),
-        _Pattern("whole pages", 2 * page, _pages),
+        _Pattern("whole pages", 2 * page, _pages, resumable=True),
     ]
 
 
@@ -120,6 +128,7 @@ def _roundtrip(
     through: str,
     with_state: bool,
     salt: int,
+    evict: bool = False,
 ) -> None:
     pool, allocator = ctx.build()
     target = pool if through == "pool" else allocator
@@ -137,6 +146,8 @@ def _roundtrip(
         write_state_rows(ctx, pool, old_all, gen, mamba_slots=old_m)
     else:
         write_state_rows(ctx, pool, old_all, gen)
+    if evict:  # the request's first page slid out of the window before it was offloaded
+        allocator.free_swa(old_all[:page].to(pool.device))
     old_state = capture(pool, ctx.config, ctx.capabilities)
     old_rows = _rows_for(ctx, pool, old_state, old, old_m)
     dev = pool.device
@@ -154,13 +165,18 @@ def _roundtrip(
     after = capture(pool, ctx.config, ctx.capabilities)
     new_rows = _rows_for(ctx, pool, after, new_all, new_m)
     where = first_difference(_expected_after_reload(before, old_state, old_rows, new_rows), after)
+    if where is None and pattern.resumable:
+        _decode_after_reload(
+            ctx, pool, allocator, new_all, after, gen, pattern, call_name(through), evict
+        )
     if where is None:
         return
     state = " with mamba_indices" if with_state else ""
+    state += " (first page out of the window)" if evict else ""
     call = "pool" if through == "pool" else "allocator"
     expected = _expected_after_reload(before, old_state, old_rows, new_rows)
     differing = next(name for name in after if not same_bits(expected[name], after[name]))
-    steps = _roundtrip_steps(ctx, pool, differing, call, n, picks, old_m, new_m)
+    steps = _roundtrip_steps(ctx, pool, differing, call, n, picks, old_m, new_m, evict)
     raise BehaviourFailure(
         f"offload of {pattern.name} (slots {old.tolist()}) through the {call}{state}, reloaded "
         f"at new slots {new_all.tolist()}"
@@ -172,6 +188,122 @@ def _roundtrip(
     )
 
 
+def call_name(through: str) -> str:
+    return "pool" if through == "pool" else "allocator"
+
+
+def _decode_after_reload(
+    ctx: CheckContext,
+    pool: Any,
+    allocator: Any,
+    new_all: torch.Tensor,
+    state: dict[str, torch.Tensor],
+    gen: torch.Generator,
+    pattern: _Pattern,
+    call: str,
+    evict: bool,
+) -> None:
+    """The resumed request decodes its next token (``alloc_decode``, then a write to every
+    layer): that token must land in its own rows and the reloaded tokens must stay intact.
+    A reload that left the allocator's bookkeeping (window slots, residency) inconsistent
+    with the pool shows here, where an engine would meet it."""
+    if Capability.PAGED not in ctx.capabilities:
+        return
+    m = new_all.numel()
+    evict_line = [f"allocator.free_swa(old[:{int(pool.page_size)}])"] if evict else []
+    device = getattr(allocator, "device", None) or "cpu"
+    token = allocator.alloc_decode(torch.tensor([m + 1], device=device), new_all[-1:].to(device))
+    if token is None:
+        raise RuntimeError("the allocator could not give the resumed request its next token")
+    token = token.reshape(-1).to(torch.int64)
+    # Allocation may change what unwritten slots read (a new HiSparse page brings whatever its
+    # device page held): only the reloaded tokens must read as before.
+    allocated = capture(pool, ctx.config, ctx.capabilities)
+    rows = _rows_for(ctx, pool, allocated, new_all, None)
+    unchanged = {name: t.clone() for name, t in allocated.items()}
+    for name, held in rows.items():
+        held = held[held >= 0]
+        unchanged[name][held] = state[name][held]
+    where = first_difference(unchanged, allocated)
+    if where is not None:
+        raise BehaviourFailure(
+            f"after {pattern.name} was offloaded and reloaded through the {call} at new slots "
+            f"{new_all.tolist()}, allocating the request's next token (alloc_decode gave slot "
+            f"{int(token[0])}) changed what the reloaded tokens read: {where}",
+            reproduction=ctx.reproduction(
+                [
+                    allocate_source(ctx, m, "old"),
+                    f"layer = {attention_layer_ids(ctx.config)[0]}",
+                    "shape = (len(old), *pool.get_key_buffer(layer).shape[1:])",
+                    "vshape = (len(old), *pool.get_value_buffer(layer).shape[1:])",
+                    "pool.set_kv_buffer(Layer(layer), old, torch.randint(1, 16, shape) / 2, "
+                    "torch.randint(1, 16, vshape) / 2)",
+                    *evict_line,
+                    f"snapshot = {call}.get_cpu_copy(old)",
+                    allocate_source(ctx, m, "new"),
+                    "allocator.free(old)",
+                    f"{call}.load_cpu_copy(snapshot, new)",
+                    f"layers = {attention_layer_ids(ctx.config)}",
+                    "kept = [pool.get_key_buffer(i).clone() for i in layers]",
+                    f"allocator.alloc_decode(torch.tensor([{m + 1}]), new[-1:])",
+                    "assert all(torch.equal(pool.get_key_buffer(i), k) "
+                    "for i, k in zip(layers, kept))",
+                ]
+            ),
+            hint="load_cpu_copy (with its allocator) must leave slot bookkeeping as a fresh "
+            "allocation would: the next alloc_decode extends the reloaded request",
+        )
+    state = allocated
+    for layer in attention_layer_ids(ctx.config):
+        k, v = kv_rows(pool, layer, 1, gen)
+        pool.set_kv_buffer(Layer(layer), token.to(pool.device), k, v)
+        after = capture(pool, ctx.config, ctx.capabilities)
+        expected = expected_after_write(ctx, pool, state, layer, token, k, v, after)
+        where = first_difference(expected, after)
+        if where is not None:
+            window = Capability.SLIDING_WINDOW in ctx.capabilities and layer in tuple(
+                pool.swa_layer_ids
+            )
+            translate = (
+                "pool.translate_loc_from_full_to_swa"
+                if window
+                else "pool.translate_loc_to_device"
+                if Capability.HISPARSE in ctx.capabilities
+                else ""
+            )
+            raise BehaviourFailure(
+                f"after {pattern.name} was offloaded and reloaded through the {call} at new "
+                f"slots {new_all.tolist()}, the request's next token (alloc_decode gave slot "
+                f"{int(token[0])}) written to layer {layer} did not land only in its own rows: "
+                f"{where}",
+                reproduction=ctx.reproduction(
+                    [
+                        allocate_source(ctx, m, "old"),
+                        f"layer = {layer}",
+                        "shape = (len(old), *pool.get_key_buffer(layer).shape[1:])",
+                        "vshape = (len(old), *pool.get_value_buffer(layer).shape[1:])",
+                        "pool.set_kv_buffer(Layer(layer), old, torch.randint(1, 16, shape) / 2, "
+                        "torch.randint(1, 16, vshape) / 2)",
+                        f"snapshot = {call}.get_cpu_copy(old)",
+                        allocate_source(ctx, m, "new"),
+                        "allocator.free(old)",
+                        f"{call}.load_cpu_copy(snapshot, new)",
+                        f"rows = {translate}(new)" if translate else "rows = new",
+                        "kept = pool.get_key_buffer(layer)[rows].clone()",
+                        f"token = allocator.alloc_decode(torch.tensor([{m + 1}]), new[-1:])",
+                        "pool.set_kv_buffer(Layer(layer), token, torch.full((1, *shape[1:]), "
+                        "-3.0), torch.full((1, *vshape[1:]), -3.0))",
+                        f"token_rows = {translate}(token)" if translate else "token_rows = token",
+                        "assert torch.equal(pool.get_key_buffer(layer)[rows], kept)",
+                        "assert (pool.get_key_buffer(layer)[token_rows] == -3.0).all()",
+                    ]
+                ),
+                hint="load_cpu_copy (with its allocator) must leave slot bookkeeping as a fresh "
+                "allocation would: the next alloc_decode extends the reloaded request",
+            )
+        state = after
+
+
 def _roundtrip_steps(
     ctx: CheckContext,
     pool: Any,
@@ -181,6 +313,7 @@ def _roundtrip_steps(
     picks: list[int],
     old_m: torch.Tensor | None,
     new_m: torch.Tensor | None,
+    evict: bool,
 ) -> list[str]:
     """Reproduction steps for the part that differed: write it, offload, reload, compare."""
     words = differing.split()
@@ -213,6 +346,8 @@ def _roundtrip_steps(
             " / 2",
             "pool.set_kv_buffer(Layer(layer), old_all, k, v)",
         ]
+    if evict:
+        steps.append(f"allocator.free_swa(old_all[:{int(pool.page_size)}])")
     steps += [
         f"snapshot = {call}.get_cpu_copy(old{mamba_old})",
         allocate_source(ctx, len(picks), "new"),
@@ -253,15 +388,19 @@ def _roundtrip_steps(
 @behaviour_check("offload-roundtrip", requires=frozenset({Capability.OFFLOAD}), hint=ROUNDTRIP_HINT)
 def offload_roundtrip(ctx: CheckContext) -> None:
     """Offload, free, reload at new slots: bit-exact, for runs, shuffled, single and whole-page
-    slot sets, through the pool and the allocator, with and without ``mamba_indices``."""
+    slot sets, through the pool and the allocator, with and without ``mamba_indices`` (and,
+    with a sliding window, with the first page already out of the window); then the resumed
+    request decodes a token."""
     page = int(ctx.config.page_size)
     states = [False, True] if Capability.MAMBA_STATE in ctx.capabilities else [False]
+    evicts = [False, True] if Capability.SLIDING_WINDOW in ctx.capabilities else [False]
     salt = 100
     for pattern in _patterns(page):
         for through in ("pool", "allocator"):
             for with_state in states:
-                salt += 1
-                _roundtrip(ctx, pattern, through, with_state, salt)
+                for evict in evicts:
+                    salt += 1
+                    _roundtrip(ctx, pattern, through, with_state, salt, evict)
 
 
 def _parts(snapshot: KVSnapshot, prefix: str = "") -> dict[str, torch.Tensor]:

@@ -227,6 +227,59 @@ def _hisparse(ctx: CheckContext, pool: Any, allocator: Any, gen: torch.Generator
         )
 
 
+def _hisparse_extend(ctx: CheckContext, pool: Any, allocator: Any, gen: torch.Generator) -> None:
+    """A request's partial last page is evicted, written while not resident, and the request
+    then extends by one token (``alloc_extend``), which makes that page resident again: the
+    page's earlier tokens must read back as last written, through the device too."""
+    page = int(pool.page_size)
+    n = page + max(1, page // 2)
+    slots = allocate(ctx, allocator, n)
+    layer = attention_layer_ids(ctx.config)[0]
+    k, v = kv_rows(pool, layer, n, gen)
+    pool.set_kv_buffer(Layer(layer), slots.to(pool.device), k, v)
+    allocator.free_device(slots)
+    k2, v2 = kv_rows(pool, layer, n, gen)
+    pool.set_kv_buffer(Layer(layer), slots.to(pool.device), k2, v2)
+    device = getattr(allocator, "device", None) or "cpu"
+    grown = allocator.alloc_extend(
+        torch.tensor([n], device=device),
+        torch.tensor([n + 1], device=device),
+        slots[-1:].to(device),
+        1,
+    )
+    if grown is None:
+        raise RuntimeError("the HiSparse allocator could not extend the request by one token")
+    partial = slots[(n // page) * page :]
+    nope, rope = pool.get_mla_kv_buffer(Layer(layer), partial.to(pool.device))
+    got = torch.cat([nope, rope], dim=-1).detach().cpu()
+    want = k2[(n // page) * page :]
+    row = first_mismatch(got.reshape(want.shape), want.to(got.dtype))
+    if row is not None:
+        raise BehaviourFailure(
+            f"layer {layer} get_mla_kv_buffer: after alloc_extend made an evicted partial page "
+            f"resident again, slot {int(partial[row])} reads a stale device row, not the write "
+            "made while it was not resident",
+            reproduction=ctx.reproduction(
+                [
+                    allocate_source(ctx, n),
+                    f"layer = {layer}",
+                    "shape = (len(slots), *pool.get_key_buffer(layer).shape[1:])",
+                    "old = torch.randint(-16, 16, shape) / 2",
+                    "new = torch.randint(-16, 16, shape) / 2",
+                    "pool.set_kv_buffer(Layer(layer), slots, old, old)",
+                    "allocator.free_device(slots)",
+                    "pool.set_kv_buffer(Layer(layer), slots, new, new)",
+                    f"allocator.alloc_extend(torch.tensor([{n}]), torch.tensor([{n + 1}]), "
+                    "slots[-1:], 1)",
+                    f"tail = slots[{(n // page) * page}:]",
+                    "nope, rope = pool.get_mla_kv_buffer(Layer(layer), tail)",
+                    f"assert torch.equal(torch.cat([nope, rope], -1), new[{(n // page) * page}:])",
+                ]
+            ),
+            hint="when a page becomes resident again, copy its logical rows to the device page",
+        )
+
+
 def _mamba(ctx: CheckContext, pool: Any, gen: torch.Generator) -> None:
     """State written through the ``get_mamba_state`` views reads back through a new call;
     ``copy_slots`` forks it and ``clear_slots`` zeroes it."""
@@ -307,5 +360,6 @@ def write_readback(ctx: CheckContext) -> None:
         _indexer(ctx, pool, chosen, gen)
     if Capability.HISPARSE in ctx.capabilities:
         _hisparse(ctx, pool, allocator, gen)
+        _hisparse_extend(ctx, pool, allocator, gen)
     if Capability.MAMBA_STATE in ctx.capabilities:
         _mamba(ctx, pool, gen)
