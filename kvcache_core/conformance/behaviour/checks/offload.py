@@ -29,6 +29,7 @@ from ._pools import (
     expected_after_write,
     fill_everything,
     kv_rows,
+    latent_width,
     mamba_request_slots,
     write_state_rows,
 )
@@ -111,7 +112,15 @@ def _expected_after_reload(
     old_state: dict[str, torch.Tensor],
     old_rows: dict[str, torch.Tensor],
     new_rows: dict[str, torch.Tensor],
+    rank: int | None = None,
 ) -> dict[str, torch.Tensor]:
+    """``before`` with the new slots' rows holding the old slots' content.
+
+    A token that held no row of a buffer before (a window slot it had lost, a page not on the
+    device) gives that buffer nothing to expect, except on a HiSparse device buffer: there the
+    new resident row must hold the token's logical latent (``layer L mla``; values are its
+    first ``rank`` columns).
+    """
     expected = {name: t.clone() for name, t in before.items()}
     for name, new in new_rows.items():
         old = old_rows.get(name)
@@ -119,6 +128,15 @@ def _expected_after_reload(
             continue
         keep = (new >= 0) & (old >= 0)
         expected[name][new[keep]] = old_state[name][old[keep]]
+        words = name.split()
+        latent = f"layer {words[1]} mla" if words[0] == "layer" else ""
+        if rank is None or words[-1] not in ("key", "value") or latent not in old_rows:
+            continue
+        lost = (new >= 0) & (old < 0)
+        source = old_state[latent][old_rows[latent][lost]]
+        if words[-1] == "value":
+            source = source[..., :rank]
+        expected[name][new[lost]] = source.to(expected[name].dtype)
     return expected
 
 
@@ -146,8 +164,8 @@ def _roundtrip(
         write_state_rows(ctx, pool, old_all, gen, mamba_slots=old_m)
     else:
         write_state_rows(ctx, pool, old_all, gen)
-    if evict:  # the request's first page slid out of the window before it was offloaded
-        allocator.free_swa(old_all[:page].to(pool.device))
+    if evict:
+        _evict_first_page(ctx, allocator, old_all)
     old_state = capture(pool, ctx.config, ctx.capabilities)
     old_rows = _rows_for(ctx, pool, old_state, old, old_m)
     dev = pool.device
@@ -164,7 +182,9 @@ def _roundtrip(
     )
     after = capture(pool, ctx.config, ctx.capabilities)
     new_rows = _rows_for(ctx, pool, after, new_all, new_m)
-    where = first_difference(_expected_after_reload(before, old_state, old_rows, new_rows), after)
+    hisparse_rank = latent_width(pool) if Capability.HISPARSE in ctx.capabilities else None
+    expected = _expected_after_reload(before, old_state, old_rows, new_rows, hisparse_rank)
+    where = first_difference(expected, after)
     if where is None and pattern.resumable:
         _decode_after_reload(
             ctx, pool, allocator, new_all, after, gen, pattern, call_name(through), evict
@@ -172,9 +192,8 @@ def _roundtrip(
     if where is None:
         return
     state = " with mamba_indices" if with_state else ""
-    state += " (first page out of the window)" if evict else ""
+    state += f" ({_EVICTED[Capability.SLIDING_WINDOW in ctx.capabilities]})" if evict else ""
     call = "pool" if through == "pool" else "allocator"
-    expected = _expected_after_reload(before, old_state, old_rows, new_rows)
     differing = next(name for name in after if not same_bits(expected[name], after[name]))
     steps = _roundtrip_steps(ctx, pool, differing, call, n, picks, old_m, new_m, evict)
     raise BehaviourFailure(
@@ -186,6 +205,22 @@ def _roundtrip(
         reproduction=ctx.reproduction(steps),
         hint=ROUNDTRIP_HINT,
     )
+
+
+_EVICTABLE = frozenset({Capability.SLIDING_WINDOW, Capability.HISPARSE})
+_EVICTED = {True: "first page out of the window", False: "first page not resident"}
+
+
+def _evict_call(ctx: CheckContext) -> str:
+    return "free_swa" if Capability.SLIDING_WINDOW in ctx.capabilities else "free_device"
+
+
+def _evict_first_page(ctx: CheckContext, allocator: Any, slots: torch.Tensor) -> None:
+    """The request's first page slid out of the window (SWA: ``free_swa``) or was evicted
+    from the device (HiSparse: ``free_device``) before it was offloaded, as happens to old
+    tokens of a long request; the snapshot must still carry what the pool holds for them."""
+    first_page = slots[: int(ctx.config.page_size)]
+    getattr(allocator, _evict_call(ctx))(first_page)
 
 
 def call_name(through: str) -> str:
@@ -210,7 +245,7 @@ def _decode_after_reload(
     if Capability.PAGED not in ctx.capabilities:
         return
     m = new_all.numel()
-    evict_line = [f"allocator.free_swa(old[:{int(pool.page_size)}])"] if evict else []
+    evict_line = [f"allocator.{_evict_call(ctx)}(old[:{int(pool.page_size)}])"] if evict else []
     device = getattr(allocator, "device", None) or "cpu"
     token = allocator.alloc_decode(torch.tensor([m + 1], device=device), new_all[-1:].to(device))
     if token is None:
@@ -347,7 +382,7 @@ def _roundtrip_steps(
             "pool.set_kv_buffer(Layer(layer), old_all, k, v)",
         ]
     if evict:
-        steps.append(f"allocator.free_swa(old_all[:{int(pool.page_size)}])")
+        steps.append(f"allocator.{_evict_call(ctx)}(old_all[:{int(pool.page_size)}])")
     steps += [
         f"snapshot = {call}.get_cpu_copy(old{mamba_old})",
         allocate_source(ctx, len(picks), "new"),
@@ -389,11 +424,11 @@ def _roundtrip_steps(
 def offload_roundtrip(ctx: CheckContext) -> None:
     """Offload, free, reload at new slots: bit-exact, for runs, shuffled, single and whole-page
     slot sets, through the pool and the allocator, with and without ``mamba_indices`` (and,
-    with a sliding window, with the first page already out of the window); then the resumed
-    request decodes a token."""
+    with a sliding window or HiSparse, with the first page out of the window or off the
+    device); then the resumed request decodes a token."""
     page = int(ctx.config.page_size)
     states = [False, True] if Capability.MAMBA_STATE in ctx.capabilities else [False]
-    evicts = [False, True] if Capability.SLIDING_WINDOW in ctx.capabilities else [False]
+    evicts = [False, True] if ctx.capabilities & _EVICTABLE else [False]
     salt = 100
     for pattern in _patterns(page):
         for through in ("pool", "allocator"):
