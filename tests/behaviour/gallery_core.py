@@ -19,6 +19,7 @@ from kvcache_core import (
     LayerLike,
     PoolConfig,
     PoolSpec,
+    check_slots,
     unwrap_write_loc,
 )
 from kvcache_plugins import dsa, mamba, mha, mla, swa
@@ -47,9 +48,10 @@ class ViewSnapshotMHA(mha.MHATokenToKVPool):
     def get_cpu_copy(
         self, indices: torch.Tensor, mamba_indices: torch.Tensor | None = None
     ) -> KVSnapshot:
-        if not _contiguous(indices):
+        slots = self._offload_slots(indices)  # bad input is still refused
+        if not _contiguous(slots):
             return super().get_cpu_copy(indices, mamba_indices)
-        first, last = int(indices[0]), int(indices[-1]) + 1
+        first, last = int(slots[0]), int(slots[-1]) + 1
         return KVSnapshot(
             pool_kind=self.kind,
             dtype=self.dtype,
@@ -123,6 +125,8 @@ class IgnoresSwaLoc(swa.SWAKVPool):
         v_scale: float | None = None,
     ) -> None:
         if isinstance(loc, KVWriteLoc):
+            if loc.swa_loc is not None:  # still refuses a bad swa_loc, then forgets it
+                check_slots(loc.swa_loc, limit=self.swa_pool.rows, allow_zero=True, name="swa_loc")
             loc = KVWriteLoc(loc.loc, full_loc=loc.full_loc)
         super().set_kv_buffer(layer, loc, cache_k, cache_v, k_scale, v_scale)
 

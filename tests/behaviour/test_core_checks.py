@@ -135,3 +135,14 @@ def test_gallery_factories_are_importable_by_name():
     for _, spec in GALLERY:
         module = sys.modules[spec.factory.__module__]
         assert getattr(module, spec.factory.__qualname__) is spec.factory
+
+
+@pytest.mark.parametrize(
+    ("name", "check_id"),
+    [(name, check) for name, bugs in KNOWN_BUGS.items() for check in bugs],
+)
+def test_a_known_builtin_bug_reproduces_on_its_own(name, check_id):
+    (result,) = run_spec(_builtin(name), only=[check_id])
+    (finding,) = result.findings
+    with pytest.raises(AssertionError):
+        exec(finding.reproduction, {"__name__": "reproduction"})

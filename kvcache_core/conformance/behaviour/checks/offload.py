@@ -428,7 +428,11 @@ def offload_roundtrip(ctx: CheckContext) -> None:
     device); then the resumed request decodes a token."""
     page = int(ctx.config.page_size)
     states = [False, True] if Capability.MAMBA_STATE in ctx.capabilities else [False]
-    evicts = [False, True] if ctx.capabilities & _EVICTABLE else [False]
+    evicts = [False]
+    if ctx.capabilities & _EVICTABLE:
+        _, allocator = ctx.build()
+        if callable(getattr(allocator, _evict_call(ctx), None)):
+            evicts.append(True)
     salt = 100
     for pattern in _patterns(page):
         for through in ("pool", "allocator"):
