@@ -24,6 +24,7 @@ __all__ = [
     "expected_after_write",
     "fill_everything",
     "is_window_layer",
+    "index_rows",
     "kv_rows",
     "latent_width",
     "mamba_request_slots",
@@ -104,7 +105,7 @@ def kv_rows(
     return k, v
 
 
-def _index_rows(pool: Any, n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def index_rows(pool: Any, n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     dim = int(pool.index_head_dim)
     keys = (torch.randint(-8, 8, (n, dim), generator=gen) / 2).to(pool.index_dtype)
     scales = torch.randint(1, 64, (n,), generator=gen).to(torch.float32) / 8
@@ -128,7 +129,7 @@ def write_state_rows(
         k, v = kv_rows(pool, layer, slots.numel(), gen)
         pool.set_kv_buffer(Layer(layer), slots, k, v)
         if Capability.INDEXER in ctx.capabilities:
-            keys, scales = _index_rows(pool, slots.numel(), gen)
+            keys, scales = index_rows(pool, slots.numel(), gen)
             pool.set_index_k_scale_buffer(layer, slots, keys, scales)
     if mamba_slots is not None and Capability.MAMBA_STATE in ctx.capabilities:
         rows = mamba_slots.reshape(-1).to(torch.int64)
