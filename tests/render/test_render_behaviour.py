@@ -93,3 +93,19 @@ def test_github_annotation_carries_the_escaped_reproduction(
     assert "\n" not in message
     assert "Reproduction:%0Aimport torch%0Apool, allocator = factory(config)%0A" in message
     assert '"100%25: a,b"' in message  # % escaped as GitHub requires
+
+
+def test_json_renders_an_expected_failures_finding_with_its_reproduction(
+    behaviour_results: list[CheckResult],
+) -> None:
+    (finding,) = behaviour_results[0].findings
+    xfail = CheckResult(
+        "pool:leaky",
+        "behaviour/write-isolation",
+        Outcome.EXPECTED_FAILURE,
+        detail="known leak, tracked in #8",
+        extra={"finding": finding},
+    )
+    document = json.loads(render([xfail], "json"))
+    assert document["results"][0]["extra"]["finding"]["reproduction"] == REPRO
+    assert document["summary"]["findings"] == 0

@@ -47,6 +47,8 @@ def _plain(value: object) -> object:
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):
         return [_plain(v) for v in value]
+    if isinstance(value, Finding):  # an expected failure keeps its finding in ``extra``
+        return _finding(value)
     return str(value)
 
 
