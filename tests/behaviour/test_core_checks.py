@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from kvcache_core.conformance.behaviour import BATTERY, run_spec, select_checks
 from kvcache_core.conformance.model import Outcome
@@ -146,3 +147,44 @@ def test_a_known_builtin_bug_reproduces_on_its_own(name, check_id):
     (finding,) = result.findings
     with pytest.raises(AssertionError):
         exec(finding.reproduction, {"__name__": "reproduction"})
+
+
+def _exec_steps(spec: PoolSpec, steps: list[str]) -> None:
+    from kvcache_core.conformance.behaviour import CheckContext, default_config
+
+    snippet = CheckContext(spec, default_config(spec)).reproduction(steps)
+    exec(snippet, {"__name__": "reproduction"})
+
+
+@pytest.mark.parametrize("name", BUILTINS)
+def test_offload_reproductions_run_clean_on_a_correct_pool(name):
+    """Every reproduction the offload checks can emit is valid code whose asserts hold on a
+    correct pool (so when one fails, it is the pool, not the snippet)."""
+    from kvcache_core.conformance.behaviour import CheckContext, default_config
+    from kvcache_core.conformance.behaviour.checks.offload import decode_steps, roundtrip_steps
+
+    spec = _builtin(name)
+    ctx = CheckContext(spec, default_config(spec))
+    pool, _ = ctx.build()
+    layer = next(i for i in range(pool.layer_num) if i not in ctx.config.mamba_layer_ids)
+    parts = [f"layer {layer} key", f"layer {layer} value"]
+    if "mla" in spec.capabilities:
+        parts.append(f"layer {layer} mla")
+    if "indexer" in spec.capabilities:
+        parts += [f"layer {layer} index_k", f"layer {layer} index_k_scale"]
+    state = "mamba-state" in spec.capabilities
+    if state:
+        parts.append(f"mamba layer {ctx.config.mamba_layer_ids[0]} temporal")
+    evicts = [False, True] if {"sliding-window", "hisparse"} & spec.capabilities else [False]
+
+    for call in ("pool", "allocator"):
+        for evict in evicts:
+            for write in (False, True):
+                _exec_steps(spec, decode_steps(ctx, pool, call, 5, evict, layer, write))
+            for part in parts:
+                old_m = torch.tensor([1, 2]) if state else None
+                new_m = torch.tensor([3, 4]) if state else None
+                steps = roundtrip_steps(
+                    ctx, pool, part, call, 7, [1, 2, 3, 4, 5], old_m, new_m, evict
+                )
+                _exec_steps(spec, steps)

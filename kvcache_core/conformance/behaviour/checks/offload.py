@@ -195,7 +195,7 @@ def _roundtrip(
     state += f" ({_EVICTED[Capability.SLIDING_WINDOW in ctx.capabilities]})" if evict else ""
     call = "pool" if through == "pool" else "allocator"
     differing = next(name for name in after if not same_bits(expected[name], after[name]))
-    steps = _roundtrip_steps(ctx, pool, differing, call, n, picks, old_m, new_m, evict)
+    steps = roundtrip_steps(ctx, pool, differing, call, n, picks, old_m, new_m, evict)
     raise BehaviourFailure(
         f"offload of {pattern.name} (slots {old.tolist()}) through the {call}{state}, reloaded "
         f"at new slots {new_all.tolist()}"
@@ -245,7 +245,6 @@ def _decode_after_reload(
     if Capability.PAGED not in ctx.capabilities:
         return
     m = new_all.numel()
-    evict_line = [f"allocator.{_evict_call(ctx)}(old[:{int(pool.page_size)}])"] if evict else []
     device = getattr(allocator, "device", None) or "cpu"
     token = allocator.alloc_decode(torch.tensor([m + 1], device=device), new_all[-1:].to(device))
     if token is None:
@@ -266,24 +265,7 @@ def _decode_after_reload(
             f"{new_all.tolist()}, allocating the request's next token (alloc_decode gave slot "
             f"{int(token[0])}) changed what the reloaded tokens read: {where}",
             reproduction=ctx.reproduction(
-                [
-                    allocate_source(ctx, m, "old"),
-                    f"layer = {attention_layer_ids(ctx.config)[0]}",
-                    "shape = (len(old), *pool.get_key_buffer(layer).shape[1:])",
-                    "vshape = (len(old), *pool.get_value_buffer(layer).shape[1:])",
-                    "pool.set_kv_buffer(Layer(layer), old, torch.randint(1, 16, shape) / 2, "
-                    "torch.randint(1, 16, vshape) / 2)",
-                    *evict_line,
-                    f"snapshot = {call}.get_cpu_copy(old)",
-                    allocate_source(ctx, m, "new"),
-                    "allocator.free(old)",
-                    f"{call}.load_cpu_copy(snapshot, new)",
-                    f"layers = {attention_layer_ids(ctx.config)}",
-                    "kept = [pool.get_key_buffer(i).clone() for i in layers]",
-                    f"allocator.alloc_decode(torch.tensor([{m + 1}]), new[-1:])",
-                    "assert all(torch.equal(pool.get_key_buffer(i), k) "
-                    "for i, k in zip(layers, kept))",
-                ]
+                decode_steps(ctx, pool, call, m, evict, attention_layer_ids(ctx.config)[0], False)
             ),
             hint="load_cpu_copy (with its allocator) must leave slot bookkeeping as a fresh "
             "allocation would: the next alloc_decode extends the reloaded request",
@@ -296,50 +278,65 @@ def _decode_after_reload(
         expected = expected_after_write(ctx, pool, state, layer, token, k, v, after)
         where = first_difference(expected, after)
         if where is not None:
-            window = Capability.SLIDING_WINDOW in ctx.capabilities and layer in tuple(
-                pool.swa_layer_ids
-            )
-            translate = (
-                "pool.translate_loc_from_full_to_swa"
-                if window
-                else "pool.translate_loc_to_device"
-                if Capability.HISPARSE in ctx.capabilities
-                else ""
-            )
             raise BehaviourFailure(
                 f"after {pattern.name} was offloaded and reloaded through the {call} at new "
                 f"slots {new_all.tolist()}, the request's next token (alloc_decode gave slot "
                 f"{int(token[0])}) written to layer {layer} did not land only in its own rows: "
                 f"{where}",
-                reproduction=ctx.reproduction(
-                    [
-                        allocate_source(ctx, m, "old"),
-                        f"layer = {layer}",
-                        "shape = (len(old), *pool.get_key_buffer(layer).shape[1:])",
-                        "vshape = (len(old), *pool.get_value_buffer(layer).shape[1:])",
-                        "pool.set_kv_buffer(Layer(layer), old, torch.randint(1, 16, shape) / 2, "
-                        "torch.randint(1, 16, vshape) / 2)",
-                        f"snapshot = {call}.get_cpu_copy(old)",
-                        allocate_source(ctx, m, "new"),
-                        "allocator.free(old)",
-                        f"{call}.load_cpu_copy(snapshot, new)",
-                        f"rows = {translate}(new)" if translate else "rows = new",
-                        "kept = pool.get_key_buffer(layer)[rows].clone()",
-                        f"token = allocator.alloc_decode(torch.tensor([{m + 1}]), new[-1:])",
-                        "pool.set_kv_buffer(Layer(layer), token, torch.full((1, *shape[1:]), "
-                        "-3.0), torch.full((1, *vshape[1:]), -3.0))",
-                        f"token_rows = {translate}(token)" if translate else "token_rows = token",
-                        "assert torch.equal(pool.get_key_buffer(layer)[rows], kept)",
-                        "assert (pool.get_key_buffer(layer)[token_rows] == -3.0).all()",
-                    ]
-                ),
+                reproduction=ctx.reproduction(decode_steps(ctx, pool, call, m, evict, layer, True)),
                 hint="load_cpu_copy (with its allocator) must leave slot bookkeeping as a fresh "
                 "allocation would: the next alloc_decode extends the reloaded request",
             )
         state = after
 
 
-def _roundtrip_steps(
+def decode_steps(
+    ctx: CheckContext, pool: Any, call: str, m: int, evict: bool, layer: int, write: bool
+) -> list[str]:
+    """Reproduction of the decode after a reload: allocating the next token must leave every
+    reloaded token as it was (``write=False``); writing it must land in its own row only."""
+    layers = attention_layer_ids(ctx.config)
+    if Capability.SLIDING_WINDOW in ctx.capabilities and layer in tuple(pool.swa_layer_ids):
+        translate = "pool.translate_loc_from_full_to_swa"
+    elif Capability.HISPARSE in ctx.capabilities:
+        translate = "pool.translate_loc_to_device"
+    else:
+        translate = ""
+    steps = [
+        allocate_source(ctx, m, "old"),
+        f"layer, layers = {layer}, {layers}",
+        "for i in layers:",
+        "    shape = (len(old), *pool.get_key_buffer(i).shape[1:])",
+        "    vshape = (len(old), *pool.get_value_buffer(i).shape[1:])",
+        "    pool.set_kv_buffer(Layer(i), old, torch.randint(1, 16, shape) / 2, "
+        "torch.randint(1, 16, vshape) / 2)",
+    ]
+    if evict:
+        steps.append(f"allocator.{_evict_call(ctx)}(old[:{int(pool.page_size)}])")
+    steps += [
+        f"snapshot = {call}.get_cpu_copy(old)",
+        allocate_source(ctx, m, "new"),
+        "allocator.free(old)",
+        f"{call}.load_cpu_copy(snapshot, new)",
+        f"rows = {translate}(new)" if translate else "rows = new",
+        "rows = rows[rows > 0]",
+        "kept = pool.get_key_buffer(layer)[rows].clone()",
+        f"token = allocator.alloc_decode(torch.tensor([{m + 1}]), new[-1:])",
+    ]
+    if write:
+        steps += [
+            "shape = (1, *pool.get_key_buffer(layer).shape[1:])",
+            "vshape = (1, *pool.get_value_buffer(layer).shape[1:])",
+            "pool.set_kv_buffer(Layer(layer), token, torch.full(shape, -3.0), "
+            "torch.full(vshape, -3.0))",
+            f"token_rows = {translate}(token)" if translate else "token_rows = token",
+            "assert (pool.get_key_buffer(layer)[token_rows] == -3.0).all()",
+        ]
+    steps.append("assert torch.equal(pool.get_key_buffer(layer)[rows], kept)")
+    return steps
+
+
+def roundtrip_steps(
     ctx: CheckContext,
     pool: Any,
     differing: str,
