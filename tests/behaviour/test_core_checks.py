@@ -188,3 +188,60 @@ def test_offload_reproductions_run_clean_on_a_correct_pool(name):
                     ctx, pool, part, call, 7, [1, 2, 3, 4, 5], old_m, new_m, evict
                 )
                 _exec_steps(spec, steps)
+
+
+@pytest.mark.parametrize("name", BUILTINS)
+@pytest.mark.parametrize(
+    ("module_name", "function", "check_id"),
+    [
+        ("readback", "first_mismatch", "write-readback"),
+        ("window", "first_mismatch", "swa-loc-window"),
+        ("isolation", "first_difference", "write-isolation"),
+        ("offload", "_changed_part", "snapshot-is-copy"),
+        ("offload", "first_difference", "snapshot-is-copy"),
+    ],
+)
+def test_every_failure_path_emits_a_reproduction_that_holds_on_a_correct_pool(
+    name, module_name, function, check_id, monkeypatch
+):
+    """Force the k-th comparison of a check to report a difference on a correct pool: the
+    finding's reproduction must then run without error (its asserts hold), for every k."""
+    import importlib
+
+    from kvcache_core.conformance.behaviour import BehaviourFailure, CheckContext, default_config
+
+    spec = _builtin(name)
+    if check_id not in {c.id for c in select_checks(spec)}:
+        pytest.skip(f"{check_id} does not apply to {name}")
+    module = importlib.import_module(f"kvcache_core.conformance.behaviour.checks.{module_name}")
+    real = getattr(module, function)
+    check = BATTERY[check_id]
+    forced = 0
+    while True:
+        calls = [0]
+
+        def fake(
+            *args: object, _k: int = forced, _calls: list[int] = calls, **kw: object
+        ) -> object:
+            _calls[0] += 1
+            if _calls[0] - 1 == _k:
+                return 0 if function == "first_mismatch" else "forced difference"
+            return real(*args, **kw)
+
+        monkeypatch.setattr(module, function, fake)
+        try:
+            check.function(CheckContext(spec, default_config(spec)))
+        except BehaviourFailure as failure:
+            monkeypatch.setattr(module, function, real)
+            if calls[0] <= forced:  # a real failure before the forced comparison was reached
+                assert check_id in KNOWN_BUGS.get(name, {}), failure.message
+                break
+            try:
+                exec(failure.reproduction, {"__name__": "reproduction"})
+            except AssertionError:  # only where the forced comparison is the known bug's own
+                assert check_id in KNOWN_BUGS.get(name, {}), failure.message
+                break
+        else:
+            break  # fewer comparisons than k: every path was forced once
+        forced += 1
+    assert forced > 0

@@ -69,7 +69,9 @@ def swa_loc_window(ctx: CheckContext) -> None:
                     "k = torch.randint(-16, 16, (len(slots), "
                     "*pool.get_key_buffer(layer).shape[1:])) / 2",
                     "pool.set_kv_buffer(Layer(layer), KVWriteLoc(slots, swa_loc=swa_loc), k, k)",
-                    f"assert torch.equal(pool.get_key_buffer(layer)[{where}], k)",
+                    "assert torch.equal(pool.get_key_buffer(layer)["
+                    + ("swa_loc" if layer in windows else "slots")
+                    + "], k)",
                 ],
             )
         for form, loc in (("a bare slot tensor", slots), ("KVWriteLoc(loc)", KVWriteLoc(slots))):
