@@ -1,8 +1,10 @@
 """``kvcache check [TARGET ...]``: check plugins, classes or source trees against the contract.
 
-Targets: installed plugin names (none = every installed plugin), ``module:Class``, or paths
-(a ``.py`` file or a directory: every class defined under it). Exit codes: 0 clean, 1 error
-findings, 2 usage or internal error (including a level that could not run).
+Targets: installed plugin or pool names (none = every installed plugin), ``module:Class``,
+or paths (a ``.py`` file or a directory: every class defined under it). Every level runs by
+default; the behaviour level needs a plugin's ``PoolSpec`` and skips the other targets.
+Exit codes: 0 clean, 1 error findings, 2 usage or internal error (including a level that could
+not run).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ def register(sub: Any) -> None:
         "targets",
         nargs="*",
         metavar="TARGET",
-        help="plugin name, module:Class, or a path (.py file or directory); "
+        help="plugin or pool name, module:Class, or a path (.py file or directory); "
         "default: every installed plugin",
     )
     parser.add_argument(

@@ -62,6 +62,7 @@ def _class_target(cls: type, protocols: list[str], plugin: str, pool: str) -> Cl
         module=cls.__module__,
         plugin=plugin,
         pool=pool,
+        serves=((plugin, pool),),
     )
 
 
@@ -78,45 +79,79 @@ def spec_targets(spec: PoolSpec, plugin: str) -> list[ClassTarget]:
     ]
 
 
+def _load_specs(ep: metadata.EntryPoint) -> tuple[list[PoolSpec], list[CheckResult]]:
+    """Import one entry point and call its hook alone: its specs, and load errors."""
+    dist = getattr(ep, "dist", None)
+    info = PluginInfo(ep.name, ep.value, dist.metadata["Name"] if dist else None)
+    try:
+        obj = ep.load()
+    except BaseException as exc:  # a plugin's import may raise anything, even SystemExit
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        return [], [_load_failed(ep.name, f"import failed: {_summarise(exc)}")]
+    pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+    pm.add_hookspecs(hookspecs)
+    specs, reason = load_plugin_specs(pm, info, obj)
+    if reason is not None:
+        return [], [_load_failed(ep.name, reason)]
+    good: list[PoolSpec] = []
+    errors: list[CheckResult] = []
+    for spec in specs:
+        if isinstance(spec, PoolSpec):
+            good.append(spec)
+        else:
+            errors.append(
+                _load_failed(ep.name, f"hook returned {type(spec).__name__}, not PoolSpec")
+            )
+    return good, errors
+
+
+def plugin_specs(plugin: str) -> list[PoolSpec]:
+    """The valid specs of the installed plugin ``plugin`` (load errors were reported already).
+
+    The behaviour level needs the spec objects (their factories), not only the classes that
+    ``plugin_targets`` turns into targets; importing a plugin again is free (``sys.modules``).
+    """
+    available = {ep.name: ep for ep in _entry_points()}
+    if plugin not in available:
+        return []
+    return _load_specs(available[plugin])[0]
+
+
 def plugin_targets(
     names: Sequence[str] | None = None,
 ) -> tuple[list[ClassTarget], list[CheckResult]]:
     """Targets of the named installed plugins (all when ``names`` is None), and load errors.
 
-    Raises ``LookupError`` naming the installed plugins when a name is not one of them.
+    A name may also be a pool name that an installed plugin declares (``kvcache check swa``
+    where the plugin is called something else): then only that pool's classes are targets. A
+    plugin name wins over a pool name. Raises ``LookupError`` naming the installed plugins and
+    their pools when a name is neither.
     """
     available = {ep.name: ep for ep in _entry_points()}
-    if names is not None:
-        unknown = [n for n in names if n not in available]
-        if unknown:
+    whole: set[str] = set(available) if names is None else {n for n in names if n in available}
+    some_pools: dict[str, set[str]] = {}
+    unknown = [n for n in names or () if n not in available]
+    if unknown:
+        # Pool names are only known once every plugin is loaded: do that only when needed.
+        owner = {spec.name: ep.name for ep in available.values() for spec in _load_specs(ep)[0]}
+        missing = [n for n in unknown if n not in owner]
+        if missing:
+            pools = f"; pools: {', '.join(sorted(owner))}" if owner else ""
             raise LookupError(
-                f"no installed kvcache plugin named {', '.join(map(repr, unknown))}; "
-                f"installed: {', '.join(sorted(available)) or 'none'}"
+                f"no installed kvcache plugin named {', '.join(map(repr, missing))}; "
+                f"installed: {', '.join(sorted(available)) or 'none'}{pools}"
             )
-    chosen = [available[n] for n in names] if names is not None else list(available.values())
+        for pool in unknown:
+            some_pools.setdefault(owner[pool], set()).add(pool)
     targets: list[ClassTarget] = []
     errors: list[CheckResult] = []
-    for ep in chosen:
-        dist = getattr(ep, "dist", None)
-        info = PluginInfo(ep.name, ep.value, dist.metadata["Name"] if dist else None)
-        try:
-            obj = ep.load()
-        except BaseException as exc:  # a plugin's import may raise anything, even SystemExit
-            if isinstance(exc, KeyboardInterrupt):
-                raise
-            errors.append(_load_failed(ep.name, f"import failed: {_summarise(exc)}"))
+    for name, ep in available.items():
+        if name not in whole and name not in some_pools:
             continue
-        pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
-        pm.add_hookspecs(hookspecs)
-        specs, reason = load_plugin_specs(pm, info, obj)
-        if reason is not None:
-            errors.append(_load_failed(ep.name, reason))
-            continue
+        specs, failed = _load_specs(ep)
+        errors += failed
         for spec in specs:
-            if not isinstance(spec, PoolSpec):
-                errors.append(
-                    _load_failed(ep.name, f"hook returned {type(spec).__name__}, not PoolSpec")
-                )
-                continue
-            targets.extend(spec_targets(spec, ep.name))
+            if name in whole or spec.name in some_pools[name]:
+                targets.extend(spec_targets(spec, name))
     return targets, errors

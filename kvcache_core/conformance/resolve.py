@@ -5,7 +5,8 @@ A target is one of:
 * a path: anything containing ``/``, ending in ``.py``, or naming an existing directory
   (``.`` included): every top-level class defined in its files is a target;
 * ``module:Class`` (``pkg.mod:Outer.Inner`` works for the runtime level);
-* otherwise the name of an installed plugin (an entry point of ``kvcache.pools``).
+* otherwise the name of an installed plugin (an entry point of ``kvcache.pools``), or of a
+  pool that an installed plugin declares (its ``PoolSpec.name``).
 
 Paths and ``module:Class`` are checked against ``--against`` when given, else against what
 ``infer`` says the class claims; plugins always against what their spec declares, because that
@@ -142,6 +143,7 @@ def _merge(targets: list[ClassTarget]) -> list[ClassTarget]:
                 known.module,
                 known.plugin,
                 known.pool,
+                tuple(dict.fromkeys(known.serves + t.serves)),
             )
     return list(merged.values())
 

@@ -2,8 +2,9 @@
 
 Levels, cheapest first: ``source`` (never imports), ``signature`` (imports, compares
 ``inspect.signature``), ``types`` (mypy, built separately and loaded by name: when it is not
-installed, each target gets an ERROR result saying so) and ``behaviour`` (not built yet: a
-SKIPPED result when asked for). A level that crashes turns into ERROR results for its targets,
+installed, each target gets an ERROR result saying so) and ``behaviour`` (builds tiny pools
+through installed plugins' factories and runs the battery; targets without a ``PoolSpec`` get
+a SKIPPED result). A level that crashes turns into ERROR results for its targets,
 never into a traceback that hides the other levels' findings.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import cast
 
 from ..contracts.history import VERSIONS
@@ -41,7 +42,7 @@ __all__ = [
 EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 
 ALL_LEVELS: tuple[str, ...] = ("source", "signature", "types", "behaviour")
-DEFAULT_LEVELS: tuple[str, ...] = ("source", "signature", "types")
+DEFAULT_LEVELS: tuple[str, ...] = ALL_LEVELS
 
 LevelRun = Callable[..., list[CheckResult]]
 _TYPES_MODULE = "kvcache_core.conformance.types.level"
@@ -134,9 +135,12 @@ def run_levels(
             else:
                 results += _guarded(level, run, targets, contract_version=contract_version)
         elif level == "behaviour":
-            results += _for_each(
-                targets, "behaviour", Outcome.SKIPPED, "behaviour level not implemented yet"
-            )
+            from .behaviour import level as behaviour_level
+
+            by_pool: dict[str, dict[str, str]] = {}
+            for expected in expected_failures:
+                by_pool.setdefault(expected.pool, {})[expected.check] = expected.describe()
+            results += _guarded(level, behaviour_level.run, targets, expected_failures=by_pool)
         else:  # parse_levels rejects these; a programming error if reached
             raise UsageError(f"unknown level {level!r}")
     return results

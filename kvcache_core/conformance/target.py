@@ -15,6 +15,8 @@ class ClassTarget:
     ``module`` is its importable module name when known (the signature level imports it).
     ``protocols`` are names exported by ``kvcache_core.contracts`` (e.g. ``"OffloadablePool"``).
     ``plugin``/``pool`` say which plugin and pool name the class came from, if any.
+    ``serves`` lists every (plugin, pool) pair the class serves: one allocator class often
+    serves several pools (of several plugins), and the behaviour level must run each pool.
     """
 
     name: str
@@ -24,3 +26,4 @@ class ClassTarget:
     module: str | None = None
     plugin: str | None = None
     pool: str | None = None
+    serves: tuple[tuple[str, str], ...] = ()

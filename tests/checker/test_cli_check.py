@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvcache_core.commands import _output
+from kvcache_core.conformance.behaviour.level import NO_SPEC
 from kvcache_core.conformance.model import Outcome
 from kvcache_core.discovery import discover
 
@@ -89,12 +90,82 @@ def test_module_class_target(run_cli, monkeypatch, isolated_modules):
     assert len(run.findings("parameter-not-forwarded")) == 2  # source and signature, merged
 
 
-def test_behaviour_is_skipped_when_asked_for(run_cli, clean_file):
+def test_behaviour_skips_targets_without_a_spec(run_cli, clean_file):
+    """A path (or module:Class) has no factory to build a pool with: SKIPPED, exit code 0."""
     run = run_cli("check", str(clean_file), "--level", "behaviour")
     assert run.code == 0
     (result,) = run.results
-    assert result.outcome is Outcome.SKIPPED
-    assert result.detail == "behaviour level not implemented yet"
+    assert result.check == "behaviour" and result.outcome is Outcome.SKIPPED
+    assert result.detail == NO_SPEC
+
+
+def test_behaviour_runs_the_battery_on_an_installed_pool(run_cli):
+    run = run_cli("check", "mha", "--level", "behaviour")
+    assert run.code == 0, (run.err, run.results)
+    assert {r.target for r in run.results} == {"pool:mha"}
+    checks = {r.check for r in run.results}
+    assert {"behaviour/write-readback", "behaviour/offload-roundtrip"} <= checks
+    assert "behaviour/swa-loc-window" not in checks  # mha declares no sliding window
+    assert all(r.outcome is Outcome.PASSED for r in run.results)
+
+
+BROKEN_PLUGIN = """
+import torch
+from kvcache_core import PoolSpec, hookimpl
+from kvcache_plugins import mha
+
+
+class FlippingPool(mha.MHATokenToKVPool):
+    def load_cpu_copy(self, snapshot, indices, mamba_indices=None):
+        super().load_cpu_copy(snapshot, indices.flip(0), mamba_indices)
+
+
+def create(config):
+    pool, allocator = mha.create(config)
+    pool.__class__ = FlippingPool
+    return pool, allocator
+
+
+@hookimpl
+def kvcache_pool_specs():
+    base = mha.kvcache_pool_specs()[0]
+    return [PoolSpec(name="flipping", pool_class=FlippingPool,
+                     allocator_class=base.allocator_class, factory=create,
+                     capabilities=base.capabilities)]
+"""
+
+
+def test_pool_name_is_a_target_and_a_behaviour_finding_fails_the_run(
+    run_cli, fake_site, isolated_modules
+):
+    """`kvcache check flipping` names a pool whose plugin is called `kvbroken`."""
+    fake_site(
+        "kv-broken",
+        entry_points={"kvbroken": "kvfake_flip"},
+        modules={"kvfake_flip": BROKEN_PLUGIN},
+    )
+    run = run_cli("check", "flipping", "--level", "signature,behaviour")
+    assert run.code == 1, (run.err, run.results)
+    failed = [r for r in run.results if r.outcome is Outcome.FAILED]
+    assert [(r.target, r.check) for r in failed] == [
+        ("pool:flipping", "behaviour/offload-roundtrip")
+    ]
+    (finding,) = failed[0].findings
+    assert finding.rule == "behaviour-failed" and "from kvfake_flip import create" in (
+        finding.reproduction
+    )
+    # Only that pool's classes were targets (the plugin declares no other pool).
+    assert {r.target for r in run.results if r.check.startswith("signature")} == {
+        "kvfake_flip.FlippingPool",
+        "kvcache_plugins.allocators.PagedSlotAllocator",
+    }
+
+
+def test_unknown_name_lists_plugins_and_pools(run_cli):
+    run = run_cli("check", "no_such_pool")
+    assert run.code == 2
+    assert "no installed kvcache plugin named 'no_such_pool'" in run.err
+    assert "pools: " in run.err and "hisparse" in run.err
 
 
 def test_types_level_runs_or_reports_that_it_cannot(run_cli, clean_file, monkeypatch):
@@ -115,7 +186,12 @@ def test_default_levels_include_types(run_cli, isolated_modules):
     run = run_cli("check", str(CORPUS / "positional_rename.py"))
     assert run.code == 1, run.err
     levels = {r.check.split(":")[0] for r in run.results}
-    assert levels == {"source", "signature", "types"}
+    assert levels == {"source", "signature", "types", "behaviour"}
+    assert all(
+        r.outcome is Outcome.SKIPPED and r.detail == NO_SPEC
+        for r in run.results
+        if r.check == "behaviour"
+    )
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from kvcache_core.conformance.behaviour.level import NO_SPEC
 from kvcache_core.conformance.model import CheckResult, Finding, Location, Outcome
 
 
@@ -122,7 +123,7 @@ def results(project: Path, contract_file: Path) -> list[CheckResult]:
             "plugin:broken",
             "behaviour",
             Outcome.SKIPPED,
-            detail="behaviour level not implemented yet",
+            detail=NO_SPEC,
             extra={"why": object(), "nested": {"values": (1, 2.5, None)}},
         ),
     ]

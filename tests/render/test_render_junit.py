@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
+from kvcache_core.conformance.behaviour.level import NO_SPEC
 from kvcache_core.conformance.model import CheckResult
 from kvcache_core.conformance.render import render
 
@@ -59,7 +60,7 @@ def test_outcomes(results: list[CheckResult]) -> None:
     error = _case(root, "plugin:broken", "types:KVPool").find("error")
     assert error is not None and "something broke" in (error.text or "")
     skipped = _case(root, "plugin:broken", "behaviour").find("skipped")
-    assert skipped is not None and skipped.get("message") == "behaviour level not implemented yet"
+    assert skipped is not None and skipped.get("message") == NO_SPEC.splitlines()[0]
 
 
 def test_text_that_xml_cannot_carry_is_replaced(results: list[CheckResult]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kvcache_core.conformance.behaviour.level import NO_SPEC
 from kvcache_core.conformance.model import CheckResult
 from kvcache_core.conformance.render import render
 
@@ -33,7 +34,7 @@ def test_every_outcome_is_labelled(results: list[CheckResult]) -> None:
     assert "  XFAIL  source:KVPool  (1 finding)  known drift, tracked in #12" in out
     assert "  ERROR  types:KVPool  mypy could not check (exit status 2):" in out
     assert "\n         something broke\n" in out
-    assert "  SKIP   behaviour  behaviour level not implemented yet" in out
+    assert f"  SKIP   behaviour  {NO_SPEC}" in out
 
 
 def test_summary_line(results: list[CheckResult]) -> None:

@@ -9,6 +9,9 @@ declares, run in isolation with a timeout, and report through the checker's one 
 
 from __future__ import annotations
 
+# Register the battery now: ``BATTERY`` is public, and a caller iterating it before the first
+# ``select_checks`` call would otherwise see it empty.
+from . import checks  # noqa: F401
 from ._check import BATTERY, BehaviourCheck, BehaviourFailure, behaviour_check
 from ._context import DEFAULT_TIMEOUT_S, CheckContext, Layer, config_source, default_config
 from ._run import run_check, run_spec, select_checks

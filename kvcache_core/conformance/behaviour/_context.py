@@ -8,6 +8,7 @@ settings declares ``PoolSpec.behaviour_config`` and the battery uses that instea
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +16,14 @@ import torch
 
 from ...contracts.spec import Capability, PoolConfig, PoolSpec
 
-__all__ = ["DEFAULT_TIMEOUT_S", "CheckContext", "Layer", "config_source", "default_config"]
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "CheckContext",
+    "Layer",
+    "config_source",
+    "default_config",
+    "factory_source",
+]
 
 #: Seconds one check may run before it counts as hung. The whole battery takes seconds.
 DEFAULT_TIMEOUT_S = 30.0
@@ -118,7 +126,13 @@ class CheckContext:
         return torch.Generator().manual_seed(self.seed * 1_000_003 + salt)
 
     def reproduction(self, steps: list[str], **overrides: Any) -> str:
-        """A runnable snippet: build this pool the way the check did, then ``steps``."""
+        """A runnable snippet: build this pool the way the check did, then ``steps``.
+
+        The snippet names ``config``, ``factory`` (call ``factory(config)`` for another pool),
+        ``pool``, ``allocator`` and ``Layer``. ``factory`` is the spec's own factory imported by
+        name when it is a module-level function (so the snippet also runs for a spec that is not
+        installed, such as a test's broken pool), else the installed plugin's via ``discover()``.
+        """
         head = [
             "import torch",
             "from kvcache_core import KVWriteLoc, PoolConfig, discover",
@@ -126,7 +140,22 @@ class CheckContext:
             "class Layer:",
             "    def __init__(self, layer_id): self.layer_id = layer_id",
             "",
+            *factory_source(self.spec),
             f"config = {config_source(self.config_with(**overrides))}",
-            f"pool, allocator = discover().create({self.spec.name!r}, config)",
+            "pool, allocator = factory(config)",
         ]
         return "\n".join(head + steps)
+
+
+def factory_source(spec: PoolSpec) -> list[str]:
+    """Source lines binding ``factory`` to ``spec.factory``, the most direct way available."""
+    module_name = getattr(spec.factory, "__module__", None)
+    qualname = getattr(spec.factory, "__qualname__", "")
+    module = sys.modules.get(module_name) if isinstance(module_name, str) else None
+    if (
+        module is not None
+        and qualname.isidentifier()
+        and getattr(module, qualname, None) is (spec.factory)
+    ):
+        return [f"from {module_name} import {qualname} as factory"]
+    return [f"def factory(config): return discover().create({spec.name!r}, config)"]

@@ -41,18 +41,29 @@ def capture(
 ) -> dict[str, torch.Tensor]:
     """A host copy of every buffer the contract lets a caller read, by a readable name.
 
-    Per attention layer its key and value buffers; with the indexer capability the indexer keys
-    and scales of every slot; with the Mamba capability every Mamba layer's state. Names read
-    like ``"layer 0 key"`` so a difference can be reported as it is.
+    Per attention layer its key and value buffers; with the MLA capability the latent read
+    back through ``get_mla_kv_buffer`` at every slot (for HiSparse that is the *logical*
+    content, which the device buffers alone do not show); with the indexer capability the
+    indexer keys and scales of every slot; with the Mamba capability every Mamba layer's
+    state. Gathered reads start at slot 0, so row ``i`` of every part is slot ``i`` (request
+    slot ``i`` for Mamba state). Slot counts come from the pool (HiSparse's logical ``size``
+    is larger than ``config.size``). Names read like ``"layer 0 key"`` so a difference can be
+    reported as it is.
     """
     state: dict[str, torch.Tensor] = {}
-    for layer in attention_layer_ids(config):
+    layers = attention_layer_ids(config)
+    for layer in layers:
         state[f"layer {layer} key"] = pool.get_key_buffer(layer).detach().to("cpu", copy=True)
         state[f"layer {layer} value"] = pool.get_value_buffer(layer).detach().to("cpu", copy=True)
+    every = torch.arange(0, int(pool.size) + int(pool.page_size), dtype=torch.int64)
+    every = every.to(pool.device)
+    if Capability.MLA in capabilities:
+        for layer in layers:
+            nope, rope = pool.get_mla_kv_buffer(_Layer(layer), every)
+            latent = torch.cat([nope.detach(), rope.detach()], dim=-1)
+            state[f"layer {layer} mla"] = latent.to("cpu", copy=True)
     if Capability.INDEXER in capabilities:
-        every = torch.arange(1, config.size + config.page_size, dtype=torch.int64)
-        every = every.to(pool.device)
-        for layer in attention_layer_ids(config):
+        for layer in layers:
             keys, scales = pool.get_index_k_scale_buffer(layer, every)
             state[f"layer {layer} index_k"] = keys.detach().to("cpu", copy=True)
             state[f"layer {layer} index_k_scale"] = scales.detach().to("cpu", copy=True)
@@ -65,13 +76,22 @@ def capture(
     return state
 
 
+class _Layer:
+    """A ``LayerLike`` (``_context.Layer`` would import this module back)."""
+
+    __slots__ = ("layer_id",)
+
+    def __init__(self, layer_id: int) -> None:
+        self.layer_id = layer_id
+
+
 def first_difference(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> str | None:
     """None when both states are bit-identical; else where they first differ, in words.
 
     Row 0 of a buffer is its slot 0 (request slot 0 for Mamba state), so the first differing
     row is reported as a slot, with how many rows differ in all.
     """
-    for name in before.keys() | after.keys():
+    for name in sorted(before.keys() ^ after.keys()):
         if name not in before or name not in after:
             return f"{name!r} appeared or disappeared"
     for name, old in before.items():

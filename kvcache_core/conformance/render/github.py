@@ -48,6 +48,8 @@ def _annotation(result: CheckResult, finding: Finding) -> str:
         message += f"\nContract: {contract}"
     if finding.hint:
         message += f"\nHint: {finding.hint}"
+    if finding.reproduction:
+        message += f"\nReproduction:\n{finding.reproduction}"
     return _command(
         _COMMAND[finding.severity or Severity.ERROR],
         message,

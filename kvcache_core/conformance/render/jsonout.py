@@ -34,6 +34,7 @@ def _finding(finding: Finding) -> dict[str, object]:
         "contract_location": _location(finding.contract_location),
         "impl_location": _location(finding.impl_location),
         "levels": list(finding.levels),
+        "reproduction": finding.reproduction,
     }
 
 
@@ -47,6 +48,8 @@ def _plain(value: object) -> object:
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):
         return [_plain(v) for v in value]
+    if isinstance(value, Finding):  # an expected failure keeps its finding in ``extra``
+        return _finding(value)
     return str(value)
 
 

@@ -41,6 +41,9 @@ def _finding_text(finding: Finding) -> str:
         lines.append(f"  contract: {contract}")
     if finding.hint:
         lines.append(f"  hint: {finding.hint}")
+    if finding.reproduction:
+        lines.append("  reproduction:")
+        lines += [f"    {line}".rstrip() for line in finding.reproduction.splitlines()]
     return "\n".join(lines)
 
 

@@ -67,6 +67,8 @@ def _fingerprint(result: CheckResult, finding: Finding) -> str:
 
 def _result(result: CheckResult, finding: Finding, base: Path) -> dict[str, object]:
     text = finding.message + (f"\nHint: {finding.hint}" if finding.hint else "")
+    if finding.reproduction:
+        text += f"\nReproduction:\n{finding.reproduction}"
     entry: dict[str, object] = {
         "ruleId": finding.rule,
         "ruleIndex": _RULE_INDEX[finding.rule],
@@ -80,6 +82,7 @@ def _result(result: CheckResult, finding: Finding, base: Path) -> dict[str, obje
             "method": finding.method,
             "parameter": finding.parameter,
             "levels": list(finding.levels),
+            **({"reproduction": finding.reproduction} if finding.reproduction else {}),
         },
     }
     primary = finding.impl_location or finding.contract_location

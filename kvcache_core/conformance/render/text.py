@@ -1,5 +1,7 @@
-"""Human-readable report: grouped by target, each finding with both locations and its hint,
-a summary line last (the line a CI log shows when it folds the rest)."""
+"""Human-readable report: grouped by target, each finding with both locations and its hint
+(and, for behaviour findings, the runnable reproduction as an indented block), a summary line
+last (the line a CI log shows when it folds the rest). A pool's behaviour battery shows its
+wall time next to the target, so a slow check is visible where it runs."""
 
 from __future__ import annotations
 
@@ -39,6 +41,9 @@ def _finding_lines(finding: Finding) -> list[str]:
     if finding.hint:
         hint, *rest = finding.hint.splitlines()
         lines += [f"{_INDENT}  hint: {hint}", *(f"{_INDENT}        {line}" for line in rest)]
+    if finding.reproduction:
+        lines.append(f"{_INDENT}  reproduction:")
+        lines += [f"{_INDENT}    {line}".rstrip() for line in finding.reproduction.splitlines()]
     return lines
 
 
@@ -59,7 +64,9 @@ def _result_lines(result: CheckResult) -> list[str]:
 def render(results: Sequence[CheckResult]) -> str:
     lines: list[str] = []
     for target, group in by_target(results).items():
-        lines.append(target)
+        seconds = [r.extra["pool_seconds"] for r in group if "pool_seconds" in r.extra]
+        took = sum(s for s in seconds if isinstance(s, (int, float)))
+        lines.append(f"{target}  (behaviour checks: {took:.2f} s)" if seconds else target)
         for result in group:
             lines += _result_lines(result)
         lines.append("")

@@ -45,7 +45,7 @@ def write_forms_agree(ctx: CheckContext) -> None:
             f"writing through KVWriteLoc(slots) differs from writing through slots: {where}",
             reproduction=ctx.reproduction(
                 [
-                    f"other, _ = discover().create({ctx.spec.name!r}, config)",
+                    "other, _ = factory(config)",
                     "slots = torch.tensor([3, 1, 2])",
                     f"layer = {first}",
                     "k = torch.randn(3, *pool.get_key_buffer(layer).shape[1:])",
