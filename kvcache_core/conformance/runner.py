@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import cast
 
 from ..contracts.history import VERSIONS
