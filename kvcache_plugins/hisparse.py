@@ -147,7 +147,7 @@ class HiSparseTokenToKVPool(DSATokenToKVPool):
         ``logical[i] -> device_slots[i]`` in the table.
 
         With :class:`HiSparseSlotAllocator`, take ``device_slots`` from its ``alloc_device``,
-        which already recorded the same pairs. A device slot that another logical slot still
+        which already recorded the same pairs and copied the rows. A device slot that another logical slot still
         maps to is refused: that slot would silently read the new row.
         """
         lg = check_slots(

@@ -172,6 +172,34 @@ def test_partial_page_of_a_non_resident_request_becomes_resident_again():
     assert alloc.alloc_decode(torch.tensor([5]), nxt) is None  # a new page: device is full
 
 
+@pytest.mark.parametrize("how", ["decode", "extend", "alloc_device"])
+def test_a_page_granted_again_serves_what_was_stored_not_a_stale_device_row(how):
+    """Issue 7: a page made resident again must never expose a row it did not receive."""
+    pool, alloc = make(size=8, page_size=2, layer_num=1, start_layer=0)
+    gen = torch.Generator().manual_seed(7)
+    req = alloc.alloc_extend(torch.tensor([0]), torch.tensor([3]), torch.tensor([-1]), 3)
+    assert req is not None and req.tolist() == [2, 3, 4]
+    write_everything(pool, req, gen, ["bare"])  # the device rows now hold these
+    alloc.free_device(req)
+    write_everything(pool, req, gen, ["mla-writeloc"])  # store only: nothing is resident
+    expected = mla_reads(pool, req)
+    snapshot_rows = pool.get_cpu_copy(req).parts["latent"].clone()
+    if how == "decode":
+        assert alloc.alloc_decode(torch.tensor([4]), req[-1:]) is not None
+    elif how == "extend":
+        assert alloc.alloc_extend(torch.tensor([3]), torch.tensor([5]), req[-1:], 2) is not None
+    else:
+        assert alloc.alloc_device(req) is not None
+    assert int(pool.translate_loc_to_device(req[-1:])) > 0  # token 4's page is resident again
+    assert all_same_bytes(mla_reads(pool, req), expected)
+    assert same_bytes(pool.get_cpu_copy(req).parts["latent"], snapshot_rows)
+    dev = pool.translate_loc_to_device(req)
+    resident = dev >= 0
+    for i, layer_id in enumerate(layer_ids(pool)):  # what a kernel reads by device slot
+        kernel_rows = pool.get_key_buffer(layer_id)[dev[resident]]
+        assert same_bytes(kernel_rows, pool.get_logical_key_buffer(layer_id)[req[resident]]), i
+
+
 def test_backup_restore_clear_and_free_groups():
     pool, alloc = make()
     first = alloc.alloc(2)
