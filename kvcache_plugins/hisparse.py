@@ -147,8 +147,8 @@ class HiSparseTokenToKVPool(DSATokenToKVPool):
         ``logical[i] -> device_slots[i]`` in the table.
 
         With :class:`HiSparseSlotAllocator`, take ``device_slots`` from its ``alloc_device``,
-        which already recorded the same pairs and copied the rows. A device slot that another logical slot still
-        maps to is refused: that slot would silently read the new row.
+        which already recorded the same pairs and copied the rows. A device slot that another
+        logical slot still maps to is refused: that slot would silently read the new row.
         """
         lg = check_slots(
             logical, limit=self.rows, name="logical", allow_duplicates=False, device=self.device
