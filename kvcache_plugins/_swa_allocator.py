@@ -281,8 +281,19 @@ class SWASlotAllocator(FreeGroup):
         capacity (:class:`AllocatorError` when the window side cannot cover the masked tokens).
         """
         checked = self._kvcache.check_cpu_copy(snapshot, indices)
-        self._match_window_slots(checked.slots, checked.mask)
-        self._kvcache.load_cpu_copy(snapshot, indices, mamba_indices=mamba_indices)
+        # All or nothing: matching the window slots takes and releases window pages before the
+        # pool checks the window targets it is given. If the pool still refuses them (a table
+        # corrupted so that a kept window slot is also a free one, and so handed out twice),
+        # the window side and the table go back to how they were; the pool wrote no byte.
+        state = self.swa_attn_allocator.backup_state()
+        table = self.full_to_swa_index_mapping.clone()
+        try:
+            self._match_window_slots(checked.slots, checked.mask)
+            self._kvcache.load_cpu_copy(snapshot, indices, mamba_indices=mamba_indices)
+        except BaseException:
+            self.swa_attn_allocator.restore_state(state)
+            self.full_to_swa_index_mapping.copy_(table)
+            raise
 
     def _match_window_slots(self, slots: torch.Tensor, mask: torch.Tensor) -> None:
         """Make ``mapping[slots] > 0`` equal ``mask``, page by page; all-or-nothing."""

@@ -455,3 +455,44 @@ def test_random_operation_sequences_keep_residency_consistent(page_size, ops):
         check_residency_invariants(pool, alloc)
     held = sum(t.numel() for t in live)
     assert alloc.logical_available_size() + held == pool.size
+
+
+@pytest.mark.parametrize(
+    ("call", "corruption"),
+    [
+        ("load_cpu_copy", "past the device buffer"),
+        ("load_cpu_copy", "twice"),
+        ("load_cpu_copy", "page 0"),
+        # A write may target padding rows, shared by every non-resident slot: only the range
+        # of its device rows can be wrong.
+        ("set_kv_buffer", "past the device buffer"),
+        ("set_mla_kv_buffer", "past the device buffer"),
+    ],
+)
+def test_store_and_device_are_one_write_checked_before_either(corruption, call):
+    """Issue 7: a HiSparse write or reload is one composite write (logical store, indexer,
+    device rows); a device target the table cannot honour refuses it before any byte."""
+    pool, alloc = make()
+    gen = torch.Generator().manual_seed(5)
+    req = alloc.alloc(4)
+    write_everything(pool, req, gen, ["bare"])
+    snap = pool.get_cpu_copy(req)
+    new = alloc.alloc(4)
+    l2d = alloc.logical_to_device
+    if corruption == "past the device buffer":
+        l2d[new[1]] = pool.device_rows + 3
+    elif corruption == "twice":
+        l2d[new[1]] = l2d[new[0]]
+    else:
+        l2d[new[1]] = 1
+    before = slot_buffers(pool)
+    latent = torch.randn(4, 1, pool.latent_dim, generator=gen)
+    rank = pool.kv_lora_rank
+    with pytest.raises(InvalidSlotError):
+        if call == "load_cpu_copy":
+            pool.load_cpu_copy(snap, new)
+        elif call == "set_kv_buffer":
+            pool.set_kv_buffer(Layer(1), new, latent, latent)
+        else:
+            pool.set_mla_kv_buffer(Layer(1), new, latent[..., :rank], latent[..., rank:])
+    assert_only_rows_changed(before, pool)

@@ -638,3 +638,41 @@ class SWAWorkload(RuleBasedStateMachine):
 
 TestSWAWorkload = SWAWorkload.TestCase
 TestSWAWorkload.settings = settings(max_examples=25, stateful_step_count=25, deadline=None)
+
+
+def _all_bytes(pool):
+    return [t.clone() for t in buffers(pool)]
+
+
+@pytest.mark.parametrize("page_size", [1, 2])
+@pytest.mark.parametrize("path", ["pool", "allocator"])
+@pytest.mark.parametrize("corruption", ["duplicate", "out of range", "free slot"])
+def test_a_refused_window_side_leaves_the_reload_unapplied(page_size, path, corruption):
+    """Issue 7: every part of a composite reload is checked before the first byte (or slot)
+    changes; a refused window side leaves the full rows, the table and both free lists as
+    they were."""
+    P = page_size
+    pool, alloc = make(size=16, swa_size=16, page_size=P, layer_num=2, swa_ids=(1,))
+    req = alloc.alloc(2 * P)
+    fill(pool, req, torch.Generator().manual_seed(11))
+    snap = alloc.get_cpu_copy(req)
+    new = alloc.alloc(2 * P)
+    table = alloc.full_to_swa_index_mapping
+    if corruption == "duplicate":
+        table[new[-1]] = table[new[0]]
+    elif corruption == "out of range":
+        table[new[-1]] = 10_000
+    else:
+        # the last page's window page goes back to the free list, but the first page is
+        # (wrongly) recorded as holding it: reloading hands that page out a second time
+        last_window = table[new[-P:]].clone()
+        alloc.free_swa(new[-P:])
+        table[new[:P]] = last_window
+    bytes_before, table_before = _all_bytes(pool), table.clone()
+    sizes = (alloc.full_available_size(), alloc.swa_available_size())
+    target = pool if path == "pool" else alloc
+    with pytest.raises((InvalidSlotError, AllocatorError)):
+        target.load_cpu_copy(snap, new)
+    assert all(same_bits(a, b) for a, b in zip(bytes_before, _all_bytes(pool), strict=True))
+    assert torch.equal(table, table_before)
+    assert (alloc.full_available_size(), alloc.swa_available_size()) == sizes
