@@ -676,3 +676,59 @@ def test_a_refused_window_side_leaves_the_reload_unapplied(page_size, path, corr
     assert all(same_bits(a, b) for a, b in zip(bytes_before, _all_bytes(pool), strict=True))
     assert torch.equal(table, table_before)
     assert (alloc.full_available_size(), alloc.swa_available_size()) == sizes
+
+
+@pytest.mark.parametrize("page_size", [1, 2, 4])
+@pytest.mark.parametrize("evicted_pages", [0, 1, 2])
+@pytest.mark.parametrize("how", ["alloc_extend", "alloc", "window lost"])
+def test_reloaded_requests_keep_decoding_and_extending(page_size, evicted_pages, how):
+    """Issue 7: after a paged reload, window offsets inside a page must match the full ones,
+    or the next decode's translated last_loc is refused. Decode and extend several steps after
+    the reload, writing every step, and compare every buffer byte (not rows read back through
+    the table, which cannot tell a misplaced offset from a right one)."""
+    from ._whole_buffers import SWAHarness, assert_same_buffers
+
+    P = page_size
+    h = SWAHarness(P)
+    alloc, gen = h.alloc, torch.Generator().manual_seed(2)
+    n = 3 * P + 1 if P > 1 else 5
+    first = alloc.alloc(P)  # shifts the request off the first pages, on both sides
+    req = alloc.alloc_extend(torch.tensor([0]), torch.tensor([n]), torch.tensor([-1]), n)
+    alloc.free_swa(first)
+    h.write(req, "swa_loc", gen)
+    pages = list(dict.fromkeys((req // P).tolist()))
+    if evicted_pages:
+        gone = set(pages[:evicted_pages])
+        alloc.free_swa(req[torch.tensor([s // P in gone for s in req.tolist()])])
+    rows = h.token_rows(req)
+    snap = alloc.get_cpu_copy(req)
+    alloc.free(req)
+    if how == "alloc":
+        new = alloc.alloc(-(-n // P) * P)[:n]
+    else:
+        new = alloc.alloc_extend(torch.tensor([0]), torch.tensor([n]), torch.tensor([-1]), n)
+        if how == "window lost":
+            alloc.free_swa(new[:1])  # the new request's first page lost its window page
+    alloc.load_cpu_copy(snap, new)
+    h.put_token_rows(new, rows)
+    assert_same_buffers(h.buffers(), h.expected)
+    slots = new.tolist()
+    for step in range(2 * P + 1):
+        out = alloc.alloc_decode(torch.tensor([len(slots) + 1]), torch.tensor(slots[-1:]))
+        assert out is not None, step
+        slots.append(int(out[0]))
+        h.write(out, ("bare", "writeloc", "swa_loc")[step % 3], gen)
+        assert_same_buffers(h.buffers(), h.expected)
+    more = alloc.alloc_extend(
+        torch.tensor([len(slots)]),
+        torch.tensor([len(slots) + P + 1]),
+        torch.tensor(slots[-1:]),
+        P + 1,
+    )
+    assert more is not None
+    h.write(more, "writeloc", gen)
+    assert_same_buffers(h.buffers(), h.expected)
+    table = alloc.full_to_swa_index_mapping
+    held = torch.tensor(slots + more.tolist())
+    held = held[table[held] > 0]
+    assert torch.equal(table[held] % P, held % P)  # offsets kept inside every page
