@@ -285,6 +285,9 @@ class SWASlotAllocator(FreeGroup):
         # pool checks the window targets it is given. If the pool still refuses them (a table
         # corrupted so that a kept window slot is also a free one, and so handed out twice),
         # the window side and the table go back to how they were; the pool wrote no byte.
+        # Queued frees settle first (settling may release window slots): the rollback then
+        # restores a settled state and can never undo a free that was already applied.
+        self.swa_available_size()
         state = self.swa_attn_allocator.backup_state()
         table = self.full_to_swa_index_mapping.clone()
         try:
