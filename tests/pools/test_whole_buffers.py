@@ -135,17 +135,25 @@ def _load(indices=None, snap=None, mamba="same", via="alloc"):
     return call
 
 
-def _bent(snap: KVSnapshot) -> KVSnapshot:
-    """The same snapshot with rows one element narrower (another geometry): in the first child
-    of a composite snapshot, else in its last part."""
+def _bent(snap: KVSnapshot, retype: bool = False) -> KVSnapshot:
+    """The same snapshot with rows one element narrower (another geometry), or in another
+    dtype (``retype``): in the first child of a composite snapshot, else in its last part."""
     children = [name for name, child in sorted(snap.children.items()) if child is not None]
     if children:
         child = snap.children[children[0]]
         assert child is not None
-        return replace(snap, children={**snap.children, children[0]: _bent(child)})
+        return replace(snap, children={**snap.children, children[0]: _bent(child, retype)})
     name = sorted(snap.parts)[-1]
     t = snap.parts[name]
-    return replace(snap, parts={**snap.parts, name: t.reshape(*t.shape[:2], -1)[..., :-1]})
+    bent = t.to(torch.float64) if retype else t.reshape(*t.shape[:2], -1)[..., :-1]
+    return replace(snap, parts={**snap.parts, name: bent})
+
+
+def _mask_flipped(snap: KVSnapshot) -> KVSnapshot:
+    """An SWA snapshot whose mask marks one token more than its window part holds."""
+    mask = snap.parts["swa_mask"].clone()
+    mask[0] = ~mask[0]
+    return replace(snap, parts={"swa_mask": mask})
 
 
 def _foreign(c: Ctx) -> KVSnapshot:
@@ -181,6 +189,7 @@ COMMON: dict[str, Callable[[Ctx], object]] = {
     "load: another kind": _load(snap=_foreign),
     "load: another dtype": _load(snap=lambda c: replace(c.snap, dtype=torch.float64)),
     "load: another geometry": _load(snap=lambda c: _bent(c.snap)),
+    "load: a part in another dtype": _load(snap=lambda c: _bent(c.snap, retype=True)),
     "load: not a snapshot": _load(snap=lambda c: {"k": torch.zeros(1)}),
     "pool load: duplicates": _load(lambda c: torch.cat([c.new[:-1], c.new[:1]]), via="pool"),
     "pool load: another geometry": _load(snap=lambda c: _bent(c.snap), via="pool"),
@@ -234,6 +243,10 @@ WINDOW: dict[str, Callable[[Ctx], object]] = {
     "window write: swa_loc out of range": _swa_loc(torch.tensor([2, 10_000])),
     "window write: negative swa_loc": _swa_loc(torch.tensor([-1, 2])),
     "window write: float swa_loc": _swa_loc(torch.tensor([1.0, 2.0])),
+    "load: mask and window part disagree": _load(snap=lambda c: _mask_flipped(c.snap)),
+    "pool load: mask and window part disagree": _load(
+        snap=lambda c: _mask_flipped(c.snap), via="pool"
+    ),
 }
 STATE: dict[str, Callable[[Ctx], object]] = {
     "get: mamba_indices out of range": _get(torch.tensor([2]), torch.tensor([99])),
