@@ -732,3 +732,50 @@ def test_reloaded_requests_keep_decoding_and_extending(page_size, evicted_pages,
     held = torch.tensor(slots + more.tolist())
     held = held[table[held] > 0]
     assert torch.equal(table[held] % P, held % P)  # offsets kept inside every page
+
+
+@pytest.mark.parametrize("page_size", [2, 4])
+@pytest.mark.parametrize("bad", ["offset moved", "page split", "window page shared"])
+def test_window_pairs_recorded_by_hand_keep_offsets_or_are_refused(page_size, bad):
+    """Issue 7: a reload that manages window slots itself (``set_full_to_swa_mapping``, then
+    ``pool.load_cpu_copy``) must keep each token's offset inside its page: a pair recorded at
+    another offset made the next decode refuse its translated ``last_loc``. Refused before
+    the table changes; pairs that keep the layout load, decode and extend."""
+    P = page_size
+    pool, alloc = make(size=32, swa_size=16, page_size=P, layer_num=2, swa_ids=(1,))
+    req = alloc.alloc_extend(torch.tensor([0]), torch.tensor([P + 1]), torch.tensor([-1]), P + 1)
+    fill(pool, req, torch.Generator().manual_seed(9))
+    alloc.free_swa(req[:1])  # the first page left the window: only the last token is masked
+    snap = alloc.get_cpu_copy(req)
+    alloc.free(req)
+    new = alloc.full_attn_allocator.alloc_extend(
+        torch.tensor([0]), torch.tensor([P + 1]), torch.tensor([-1]), P + 1
+    )
+    window = alloc.swa_attn_allocator.alloc(2 * P)
+    other = alloc.alloc(P)  # another request, holding a window page of its own
+    table = alloc.full_to_swa_index_mapping
+    bad_pairs = {
+        "offset moved": (new[-1:], window[1:2]),
+        # two tokens of one full page, offsets kept, in two window pages
+        "page split": (new[P - 2 : P], torch.stack([window[P - 2], window[2 * P - 1]])),
+        "window page shared": (new[-1:], table[other[:1]]),
+    }[bad]
+    before = table.clone()
+    with pytest.raises(AllocatorError):
+        alloc.set_full_to_swa_mapping(*bad_pairs)
+    assert torch.equal(table, before)
+    alloc.set_full_to_swa_mapping(new[-1:], window[:1])  # offset 0 -> offset 0
+    alloc.swa_attn_allocator.free(window[P:])
+    pool.load_cpu_copy(snap, new)
+    slots = new.tolist()
+    for _ in range(P + 1):
+        out = alloc.alloc_decode(torch.tensor([len(slots) + 1]), torch.tensor(slots[-1:]))
+        assert out is not None
+        slots.append(int(out[0]))
+    more = alloc.alloc_extend(
+        torch.tensor([len(slots)]), torch.tensor([len(slots) + 2]), torch.tensor(slots[-1:]), 2
+    )
+    assert more is not None
+    held = torch.tensor(slots + more.tolist())
+    held = held[table[held] > 0]
+    assert torch.equal(table[held] % P, held % P)
