@@ -578,6 +578,36 @@ class SWAMachine(WholeBufferMachine):
         if gone:
             self.h.alloc.free_swa(torch.tensor([s for s in req.slots if s // P in gone]))
 
+    @precondition(lambda self: self.requests)
+    @rule(i=st.integers(0, 50))
+    def reload_managing_window_slots(self, i: int) -> None:
+        """A reload that takes full and window slots itself, records the pairs with
+        ``set_full_to_swa_mapping`` and loads through the pool (docs/pools/swa.md)."""
+        req, P, alloc = self.pick(i), self.page_size, self.h.alloc
+        old = torch.tensor(req.slots)
+        rows = self.h.token_rows(old)
+        snap = alloc.get_cpu_copy(old)
+        alloc.free(old)
+        self.requests.remove(req)
+        n = old.numel()
+        new = alloc.full_attn_allocator.alloc_extend(
+            torch.tensor([0]), torch.tensor([n]), torch.tensor([-1]), n
+        )
+        if new is None:
+            return
+        masked = new[rows["mask"]]
+        pages, inv = torch.unique(masked // P, return_inverse=True)
+        window = alloc.swa_attn_allocator.alloc(pages.numel() * P)
+        if window is None:
+            alloc.full_attn_allocator.free(new)
+            return
+        if masked.numel():
+            first = window.reshape(-1, P)[:, 0]
+            alloc.set_full_to_swa_mapping(masked, first[inv] + masked % P)
+        self.h.pool.load_cpu_copy(snap, new)
+        self.h.put_token_rows(new, rows)
+        self.requests.append(Request(new.tolist()))
+
 
 class HiSparseMachine(WholeBufferMachine):
     harness_class = HiSparseHarness
