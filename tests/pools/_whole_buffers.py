@@ -623,6 +623,26 @@ class HiSparseMachine(WholeBufferMachine):
         req = self.pick(i)
         self.alloc_tokens(lambda: self.h.alloc.alloc_device(torch.tensor(req.slots)))
 
+    @precondition(lambda self: self.requests)
+    @rule(i=st.integers(0, 50))
+    def reload_cold(self, i: int) -> None:
+        """Reload into logical slots that are not resident (the store and indexer only); a
+        later decode or extend grants the last page again, filled from the store."""
+        req, P, alloc = self.pick(i), self.page_size, self.h.alloc
+        old = torch.tensor(req.slots)
+        rows = self.h.token_rows(old)
+        snap = alloc.get_cpu_copy(old)
+        alloc.free(old)
+        self.requests.remove(req)
+        n = old.numel()
+        got = alloc.alloc_logical_only(-(-n // P) * P)
+        if got is None:
+            return
+        new = got[:n]
+        alloc.load_cpu_copy(snap, new)
+        self.h.put_token_rows(new, rows)
+        self.requests.append(Request(new.tolist()))
+
 
 class MambaMachine(WholeBufferMachine):
     harness_class = MambaHarness
