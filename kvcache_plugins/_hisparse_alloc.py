@@ -86,9 +86,19 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         pages = pages[(pages > 0) & (pages < self._page_map.numel())]
         return pages[self._page_map[pages] < 0]
 
-    def _make_resident(self, pages: torch.Tensor) -> None:
+    def _make_resident(self, pages: torch.Tensor, live: torch.Tensor | None = None) -> None:
         """Give each logical page in ``pages`` (host, non-resident, unique) a device page.
-        Callers have checked that the device side has room."""
+        Callers have checked that the device side has room.
+
+        ``live`` names the pages (host) that already hold allocated tokens: their device pages
+        are filled from the logical store, every slot of the page, before anyone can read them.
+        Why: a device page comes back from the free list holding rows of its previous owner,
+        and reads, offload and kernels all prefer the device row of a resident slot, so a page
+        granted without its content would serve those stale rows as this request's KV (a
+        partial last page evicted by ``free_device`` and re-granted by the next decode is the
+        common case). Fresh pages are not filled: their tokens have no content yet and get
+        their rows from the write that follows, which keeps decode's hot path free of copies.
+        """
         if pages.numel() == 0:
             return
         got = self._device.alloc(pages.numel() * self.page_size)
@@ -98,6 +108,19 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         self._page_map[pages] = dev_pages
         table = self.logical_to_device
         table[self._slots_of(pages).to(table.device)] = self._slots_of(dev_pages).to(table.device)
+        if live is None or live.numel() == 0:
+            return
+        filled = torch.isin(pages, live)
+        if bool(filled.any()):
+            self._kvcache.load_to_device(
+                self._slots_of(pages[filled]).to(table.device),
+                self._slots_of(dev_pages[filled]).to(table.device),
+            )
+
+    def _continued_pages(self, lasts: list[int], continuing: list[bool]) -> torch.Tensor:
+        """Host page ids of the last pages that requests continue into (they hold tokens)."""
+        pages = [last // self.page_size for last, c in zip(lasts, continuing, strict=True) if c]
+        return torch.tensor(pages, dtype=torch.int64)
 
     def _device_room(self, pages: int) -> bool:
         return pages * self.page_size <= self._device.available_size()
@@ -141,7 +164,8 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
             return None
         slots = self._logical.alloc_extend(prefix_lens, seq_lens, last_loc, extend_num_tokens)
         if slots is not None:
-            self._make_resident(self._non_resident(slots.to(_CPU) // P))
+            pages = self._non_resident(slots.to(_CPU) // P)
+            self._make_resident(pages, self._continued_pages(lasts, partial))
         return slots
 
     def alloc_decode(self, seq_lens: torch.Tensor, last_loc: torch.Tensor) -> torch.Tensor | None:
@@ -156,7 +180,8 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
             return None
         slots = self._logical.alloc_decode(seq_lens, last_loc)
         if slots is not None:
-            self._make_resident(self._non_resident(slots.to(_CPU) // self.page_size))
+            pages = self._non_resident(slots.to(_CPU) // self.page_size)
+            self._make_resident(pages, self._continued_pages(lasts, continuing))
         return slots
 
     def alloc_logical_only(self, need_size: int) -> torch.Tensor | None:
@@ -165,13 +190,17 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
 
     def alloc_device(self, logical: torch.Tensor) -> torch.Tensor | None:
         """Make already-allocated logical slots resident (by page) and return their device
-        slots, or None (nothing consumed) if the device lacks pages. Copy the data with
-        ``pool.load_to_device(logical, <these slots>)``."""
+        slots, or None (nothing consumed) if the device lacks pages.
+
+        The new device pages are filled from the logical store (whole pages: the other slots
+        of a page become resident too), so they never serve rows of a previous owner.
+        ``pool.load_to_device(logical, <these slots>)`` afterwards is no longer needed; it
+        copies the same rows again."""
         slots = check_slots(logical, limit=self.size + self.page_size, name="logical")
         pages = self._non_resident(slots.to(_CPU) // self.page_size)
         if not self._device_room(pages.numel()):
             return None
-        self._make_resident(pages)
+        self._make_resident(pages, live=pages)
         return self.logical_to_device[slots.to(self.logical_to_device.device)]
 
     def free_device(self, logical: torch.Tensor) -> None:

@@ -4,7 +4,27 @@ from __future__ import annotations
 
 import torch
 
-from kvcache_core import InvalidLayerError, LayerLike, check_slots
+from kvcache_core import InvalidLayerError, InvalidSlotError, KVWriteLoc, LayerLike, check_slots
+
+
+class LayerTypeError(InvalidLayerError, TypeError):
+    """``layer`` has no integer ``layer_id``.
+
+    A ``KVCacheError`` like every other refused pool call (so one ``except`` covers bad input),
+    and still a ``TypeError`` for callers that caught the type problem as one.
+    """
+
+
+class LocTypeError(InvalidSlotError, TypeError):
+    """``loc`` is neither a slot tensor nor a ``KVWriteLoc`` (same reasoning as above)."""
+
+
+def check_loc(loc: object) -> None:
+    """Refuse a location of the wrong type with a ``KVCacheError``, before unwrapping it."""
+    if not isinstance(loc, (torch.Tensor, KVWriteLoc)):
+        raise LocTypeError(
+            f"loc must be a torch.Tensor of slot indices or a KVWriteLoc, got {type(loc).__name__}"
+        )
 
 
 def layer_id_of(layer: LayerLike) -> int:
@@ -12,12 +32,12 @@ def layer_id_of(layer: LayerLike) -> int:
     try:
         value = layer.layer_id
     except AttributeError:
-        raise TypeError(
+        raise LayerTypeError(
             f"layer must have an integer `layer_id` (e.g. an attention module), got "
             f"{type(layer).__name__}"
         ) from None
     if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"layer.layer_id must be an int, got {type(value).__name__}")
+        raise LayerTypeError(f"layer.layer_id must be an int, got {type(value).__name__}")
     return value
 
 

@@ -85,12 +85,73 @@ class SWASlotAllocator(FreeGroup):
     def set_full_to_swa_mapping(
         self, full_indices: torch.Tensor, swa_indices: torch.Tensor
     ) -> None:
-        """Record pairs whose window slots were obtained elsewhere (e.g. a cache loading back)."""
-        full = check_slots(full_indices, limit=self.full_size + self.page_size, name="full_indices")
-        swa = check_slots(swa_indices, limit=self.swa_size + self.page_size, name="swa_indices")
+        """Record pairs whose window slots were obtained elsewhere (e.g. a cache loading back).
+
+        Paged, every pair must keep its offset inside the page (``full % P == swa % P``) and
+        a full page must map into one window page (counting the pairs already recorded for
+        its other slots) that no other full page uses. Why refuse rather than record: the
+        paged calls continue a request's last page on both sides from ``last_loc + 1``, so a
+        pair recorded at another offset, or a page split over two window pages, makes the
+        next ``alloc_decode``/``alloc_extend`` refuse the translated ``last_loc`` (or hand out
+        a window slot another token holds). Everything is checked before the table changes.
+        """
+        mapping = self.full_to_swa_index_mapping
+        full = check_slots(
+            full_indices,
+            limit=self.full_size + self.page_size,
+            name="full_indices",
+            allow_duplicates=False,
+            device=mapping.device,
+        )
+        swa = check_slots(
+            swa_indices,
+            limit=self.swa_size + self.page_size,
+            name="swa_indices",
+            allow_duplicates=False,
+            device=mapping.device,
+        )
         if full.numel() != swa.numel():
             raise AllocatorError(f"{full.numel()} full slots for {swa.numel()} window slots")
+        if self.page_size > 1 and full.numel():
+            self._check_paged_pairs(full, swa)
         self._record(full, swa)
+
+    def _check_paged_pairs(self, full: torch.Tensor, swa: torch.Tensor) -> None:
+        """Offsets kept, one window page per full page, no window page shared (see above)."""
+        mapping, P = self.full_to_swa_index_mapping, self.page_size
+        moved = (full % P) != (swa % P)
+        if bool(moved.any()):
+            i = int(moved.nonzero()[0, 0])
+            raise AllocatorError(
+                f"full slot {int(full[i])} (offset {int(full[i]) % P}) cannot map to window "
+                f"slot {int(swa[i])} (offset {int(swa[i]) % P}): with page_size {P} a token "
+                "keeps its offset inside the page on both sides"
+            )
+        pages, inv = torch.unique(torch.div(full, P, rounding_mode="floor"), return_inverse=True)
+        rows = pages[:, None] * P + torch.arange(P, device=full.device)
+        before = mapping[rows]
+        kept = before > 0
+        kept[inv, full % P] = False  # entries these pairs overwrite do not count
+        big = self.swa_size + P
+        window = torch.div(swa, P, rounding_mode="floor")
+        low = torch.where(kept, before // P, big).amin(1)
+        high = torch.where(kept, before // P, -1).amax(1)
+        low = low.scatter_reduce(0, inv, window, "amin")
+        high = high.scatter_reduce(0, inv, window, "amax")
+        if bool((low != high).any()):
+            page = int(pages[(low != high).nonzero()[0, 0]])
+            raise AllocatorError(
+                f"full page {page} would map into more than one window page "
+                "(a full page's tokens share one window page)"
+            )
+        others = mapping[:-1].clone()
+        others[rows.reshape(-1)] = 0
+        shared = (others > 0) & torch.isin(torch.div(others, P, rounding_mode="floor"), low)
+        if bool(shared.any()):
+            slot = int(shared.nonzero()[0, 0])
+            raise AllocatorError(
+                f"window page {int(others[slot]) // P} already belongs to full slot {slot}'s page"
+            )
 
     # -- allocation ---------------------------------------------------------------------------
     def alloc(self, need_size: int) -> torch.Tensor | None:
@@ -281,8 +342,22 @@ class SWASlotAllocator(FreeGroup):
         capacity (:class:`AllocatorError` when the window side cannot cover the masked tokens).
         """
         checked = self._kvcache.check_cpu_copy(snapshot, indices)
-        self._match_window_slots(checked.slots, checked.mask)
-        self._kvcache.load_cpu_copy(snapshot, indices, mamba_indices=mamba_indices)
+        # All or nothing: matching the window slots takes and releases window pages before the
+        # pool checks the window targets it is given. If the pool still refuses them (a table
+        # corrupted so that a kept window slot is also a free one, and so handed out twice),
+        # the window side and the table go back to how they were; the pool wrote no byte.
+        # Queued frees settle first (settling may release window slots): the rollback then
+        # restores a settled state and can never undo a free that was already applied.
+        self.swa_available_size()
+        state = self.swa_attn_allocator.backup_state()
+        table = self.full_to_swa_index_mapping.clone()
+        try:
+            self._match_window_slots(checked.slots, checked.mask)
+            self._kvcache.load_cpu_copy(snapshot, indices, mamba_indices=mamba_indices)
+        except BaseException:
+            self.swa_attn_allocator.restore_state(state)
+            self.full_to_swa_index_mapping.copy_(table)
+            raise
 
     def _match_window_slots(self, slots: torch.Tensor, mask: torch.Tensor) -> None:
         """Make ``mapping[slots] > 0`` equal ``mask``, page by page; all-or-nothing."""

@@ -30,7 +30,7 @@ from kvcache_core import (
     expect_snapshot,
 )
 
-from ._layers import layer_id_of, write_slots
+from ._layers import LocTypeError, layer_id_of, write_slots
 from .mha import MHATokenToKVPool
 
 __all__ = ["CheckedSWASnapshot", "SWAKVPool"]
@@ -222,7 +222,7 @@ class SWAKVPool:
         elif isinstance(loc, torch.Tensor):
             base, swa_loc = loc, None
         else:
-            raise TypeError(
+            raise LocTypeError(
                 f"loc must be a torch.Tensor of slot indices or a KVWriteLoc, "
                 f"got {type(loc).__name__}"
             )

@@ -147,8 +147,8 @@ class HiSparseTokenToKVPool(DSATokenToKVPool):
         ``logical[i] -> device_slots[i]`` in the table.
 
         With :class:`HiSparseSlotAllocator`, take ``device_slots`` from its ``alloc_device``,
-        which already recorded the same pairs. A device slot that another logical slot still
-        maps to is refused: that slot would silently read the new row.
+        which already recorded the same pairs and copied the rows. A device slot that another
+        logical slot still maps to is refused: that slot would silently read the new row.
         """
         lg = check_slots(
             logical, limit=self.rows, name="logical", allow_duplicates=False, device=self.device
@@ -185,8 +185,14 @@ class HiSparseTokenToKVPool(DSATokenToKVPool):
 
     # -- latent hooks: write-through, device-preferred reads --------------------------------
     def _latent_write(self, local: int, slots: torch.Tensor, rows: torch.Tensor) -> None:
-        self._latent.write(local, slots.to(self.store_device), rows.to(self.store_device))
         target = self._l2d[slots].clamp_min(0)  # not resident -> padding slot 0
+        if self.check_write_slots:
+            # Before the store is written: a table value the device buffer cannot hold would
+            # otherwise fail the second scatter with the first one already applied.
+            check_slots(
+                target, limit=self.device_rows, name="device slots", allow_zero=True, device=None
+            )
+        self._latent.write(local, slots.to(self.store_device), rows.to(self.store_device))
         self._device_latent.write(local, target, rows.to(self.device))
 
     def _latent_read(self, local: int, slots: torch.Tensor) -> torch.Tensor:
@@ -214,8 +220,23 @@ class HiSparseTokenToKVPool(DSATokenToKVPool):
         return {"latent": latent, **self._index_parts(slots)}
 
     def _load_parts(self, slots: torch.Tensor, parts: dict[str, torch.Tensor]) -> None:
-        super()._load_parts(slots, parts)  # write-through: the logical store is always whole
+        """Store and indexer at ``slots``, then the device rows of the resident ones.
+
+        The device targets are checked (in range, outside page 0, distinct) before the first
+        write: the store and the device are two parts of one reload, and a table corrupted
+        into naming a row twice or past the buffer must not leave the store loaded and the
+        device not.
+        """
         pos, dev = self._resident(slots)
+        if dev.numel():
+            dev = check_slots(
+                dev, limit=self.device_rows, name="device slots", allow_duplicates=False
+            )
+            if bool((dev < self.page_size).any()):
+                raise InvalidSlotError(
+                    f"the table maps a reloaded slot into device page 0 (< {self.page_size})"
+                )
+        super()._load_parts(slots, parts)  # write-through: the logical store is always whole
         if pos.numel() == slots.numel():
             self._device_latent.scatter(dev, parts["latent"])
         elif pos.numel():

@@ -24,7 +24,7 @@ from kvcache_core import (
     unwrap_write_loc,
 )
 
-from ._layers import layer_id_of, local_layer, write_slots
+from ._layers import check_loc, layer_id_of, local_layer, write_slots
 from .allocators import PagedSlotAllocator
 
 __all__ = ["MHATokenToKVPool", "create", "kvcache_pool_specs"]
@@ -101,6 +101,7 @@ class MHATokenToKVPool:
         v_scale: float | None = None,
     ) -> None:
         local = self._local(layer_id_of(layer))
+        check_loc(loc)
         full, _ = unwrap_write_loc(loc)  # an MHA pool keeps no window: swa_loc is not ours
         slots = write_slots(
             full, limit=self.rows, check_values=self.check_write_slots, device=self.device

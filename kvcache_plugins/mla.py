@@ -31,7 +31,7 @@ from kvcache_core import (
     unwrap_write_loc,
 )
 
-from ._layers import layer_id_of, local_layer, write_slots
+from ._layers import check_loc, layer_id_of, local_layer, write_slots
 from .allocators import PagedSlotAllocator
 
 __all__ = ["MLATokenToKVPool", "create", "kvcache_pool_specs", "require"]
@@ -152,6 +152,7 @@ class MLATokenToKVPool:
         (an MLA pool keeps no window).
         """
         local = self._local(layer_id_of(layer))
+        check_loc(loc)
         full, _ = unwrap_write_loc(loc)
         slots = self._slots(full)
         k = check_rows(cache_k, name="cache_k", rows=slots.numel(), row_shape=(1, self.latent_dim))
@@ -169,6 +170,7 @@ class MLATokenToKVPool:
         A ``KVWriteLoc`` is unwrapped to its full slots.
         """
         local = self._local(layer_id_of(layer))
+        check_loc(loc)
         full, _ = unwrap_write_loc(loc)
         slots = self._slots(full)
         n = slots.numel()

@@ -172,6 +172,34 @@ def test_partial_page_of_a_non_resident_request_becomes_resident_again():
     assert alloc.alloc_decode(torch.tensor([5]), nxt) is None  # a new page: device is full
 
 
+@pytest.mark.parametrize("how", ["decode", "extend", "alloc_device"])
+def test_a_page_granted_again_serves_what_was_stored_not_a_stale_device_row(how):
+    """Issue 7: a page made resident again must never expose a row it did not receive."""
+    pool, alloc = make(size=8, page_size=2, layer_num=1, start_layer=0)
+    gen = torch.Generator().manual_seed(7)
+    req = alloc.alloc_extend(torch.tensor([0]), torch.tensor([3]), torch.tensor([-1]), 3)
+    assert req is not None and req.tolist() == [2, 3, 4]
+    write_everything(pool, req, gen, ["bare"])  # the device rows now hold these
+    alloc.free_device(req)
+    write_everything(pool, req, gen, ["mla-writeloc"])  # store only: nothing is resident
+    expected = mla_reads(pool, req)
+    snapshot_rows = pool.get_cpu_copy(req).parts["latent"].clone()
+    if how == "decode":
+        assert alloc.alloc_decode(torch.tensor([4]), req[-1:]) is not None
+    elif how == "extend":
+        assert alloc.alloc_extend(torch.tensor([3]), torch.tensor([5]), req[-1:], 2) is not None
+    else:
+        assert alloc.alloc_device(req) is not None
+    assert int(pool.translate_loc_to_device(req[-1:])) > 0  # token 4's page is resident again
+    assert all_same_bytes(mla_reads(pool, req), expected)
+    assert same_bytes(pool.get_cpu_copy(req).parts["latent"], snapshot_rows)
+    dev = pool.translate_loc_to_device(req)
+    resident = dev >= 0
+    for i, layer_id in enumerate(layer_ids(pool)):  # what a kernel reads by device slot
+        kernel_rows = pool.get_key_buffer(layer_id)[dev[resident]]
+        assert same_bytes(kernel_rows, pool.get_logical_key_buffer(layer_id)[req[resident]]), i
+
+
 def test_backup_restore_clear_and_free_groups():
     pool, alloc = make()
     first = alloc.alloc(2)
@@ -427,3 +455,44 @@ def test_random_operation_sequences_keep_residency_consistent(page_size, ops):
         check_residency_invariants(pool, alloc)
     held = sum(t.numel() for t in live)
     assert alloc.logical_available_size() + held == pool.size
+
+
+@pytest.mark.parametrize(
+    ("call", "corruption"),
+    [
+        ("load_cpu_copy", "past the device buffer"),
+        ("load_cpu_copy", "twice"),
+        ("load_cpu_copy", "page 0"),
+        # A write may target padding rows, shared by every non-resident slot: only the range
+        # of its device rows can be wrong.
+        ("set_kv_buffer", "past the device buffer"),
+        ("set_mla_kv_buffer", "past the device buffer"),
+    ],
+)
+def test_store_and_device_are_one_write_checked_before_either(corruption, call):
+    """Issue 7: a HiSparse write or reload is one composite write (logical store, indexer,
+    device rows); a device target the table cannot honour refuses it before any byte."""
+    pool, alloc = make()
+    gen = torch.Generator().manual_seed(5)
+    req = alloc.alloc(4)
+    write_everything(pool, req, gen, ["bare"])
+    snap = pool.get_cpu_copy(req)
+    new = alloc.alloc(4)
+    l2d = alloc.logical_to_device
+    if corruption == "past the device buffer":
+        l2d[new[1]] = pool.device_rows + 3
+    elif corruption == "twice":
+        l2d[new[1]] = l2d[new[0]]
+    else:
+        l2d[new[1]] = 1
+    before = slot_buffers(pool)
+    latent = torch.randn(4, 1, pool.latent_dim, generator=gen)
+    rank = pool.kv_lora_rank
+    with pytest.raises(InvalidSlotError):
+        if call == "load_cpu_copy":
+            pool.load_cpu_copy(snap, new)
+        elif call == "set_kv_buffer":
+            pool.set_kv_buffer(Layer(1), new, latent, latent)
+        else:
+            pool.set_mla_kv_buffer(Layer(1), new, latent[..., :rank], latent[..., rank:])
+    assert_only_rows_changed(before, pool)

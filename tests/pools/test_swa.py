@@ -638,3 +638,144 @@ class SWAWorkload(RuleBasedStateMachine):
 
 TestSWAWorkload = SWAWorkload.TestCase
 TestSWAWorkload.settings = settings(max_examples=25, stateful_step_count=25, deadline=None)
+
+
+def _all_bytes(pool):
+    return [t.clone() for t in buffers(pool)]
+
+
+@pytest.mark.parametrize("page_size", [1, 2])
+@pytest.mark.parametrize("path", ["pool", "allocator"])
+@pytest.mark.parametrize("corruption", ["duplicate", "out of range", "free slot"])
+def test_a_refused_window_side_leaves_the_reload_unapplied(page_size, path, corruption):
+    """Issue 7: every part of a composite reload is checked before the first byte (or slot)
+    changes; a refused window side leaves the full rows, the table and both free lists as
+    they were."""
+    P = page_size
+    pool, alloc = make(size=16, swa_size=16, page_size=P, layer_num=2, swa_ids=(1,))
+    req = alloc.alloc(2 * P)
+    fill(pool, req, torch.Generator().manual_seed(11))
+    snap = alloc.get_cpu_copy(req)
+    new = alloc.alloc(2 * P)
+    table = alloc.full_to_swa_index_mapping
+    if corruption == "duplicate":
+        table[new[-1]] = table[new[0]]
+    elif corruption == "out of range":
+        table[new[-1]] = 10_000
+    else:
+        # the last page's window page goes back to the free list, but the first page is
+        # (wrongly) recorded as holding it: reloading hands that page out a second time
+        last_window = table[new[-P:]].clone()
+        alloc.free_swa(new[-P:])
+        table[new[:P]] = last_window
+    bytes_before, table_before = _all_bytes(pool), table.clone()
+    sizes = (alloc.full_available_size(), alloc.swa_available_size())
+    target = pool if path == "pool" else alloc
+    with pytest.raises((InvalidSlotError, AllocatorError)):
+        target.load_cpu_copy(snap, new)
+    assert all(same_bits(a, b) for a, b in zip(bytes_before, _all_bytes(pool), strict=True))
+    assert torch.equal(table, table_before)
+    assert (alloc.full_available_size(), alloc.swa_available_size()) == sizes
+
+
+@pytest.mark.parametrize("page_size", [1, 2, 4])
+@pytest.mark.parametrize("evicted_pages", [0, 1, 2])
+@pytest.mark.parametrize("how", ["alloc_extend", "alloc", "window lost"])
+def test_reloaded_requests_keep_decoding_and_extending(page_size, evicted_pages, how):
+    """Issue 7: after a paged reload, window offsets inside a page must match the full ones,
+    or the next decode's translated last_loc is refused. Decode and extend several steps after
+    the reload, writing every step, and compare every buffer byte (not rows read back through
+    the table, which cannot tell a misplaced offset from a right one)."""
+    from ._whole_buffers import SWAHarness, assert_same_buffers
+
+    P = page_size
+    h = SWAHarness(P)
+    alloc, gen = h.alloc, torch.Generator().manual_seed(2)
+    n = 3 * P + 1 if P > 1 else 5
+    first = alloc.alloc(P)  # shifts the request off the first pages, on both sides
+    req = alloc.alloc_extend(torch.tensor([0]), torch.tensor([n]), torch.tensor([-1]), n)
+    alloc.free_swa(first)
+    h.write(req, "swa_loc", gen)
+    pages = list(dict.fromkeys((req // P).tolist()))
+    if evicted_pages:
+        gone = set(pages[:evicted_pages])
+        alloc.free_swa(req[torch.tensor([s // P in gone for s in req.tolist()])])
+    rows = h.token_rows(req)
+    snap = alloc.get_cpu_copy(req)
+    alloc.free(req)
+    if how == "alloc":
+        new = alloc.alloc(-(-n // P) * P)[:n]
+    else:
+        new = alloc.alloc_extend(torch.tensor([0]), torch.tensor([n]), torch.tensor([-1]), n)
+        if how == "window lost":
+            alloc.free_swa(new[:1])  # the new request's first page lost its window page
+    alloc.load_cpu_copy(snap, new)
+    h.put_token_rows(new, rows)
+    assert_same_buffers(h.buffers(), h.expected)
+    slots = new.tolist()
+    for step in range(2 * P + 1):
+        out = alloc.alloc_decode(torch.tensor([len(slots) + 1]), torch.tensor(slots[-1:]))
+        assert out is not None, step
+        slots.append(int(out[0]))
+        h.write(out, ("bare", "writeloc", "swa_loc")[step % 3], gen)
+        assert_same_buffers(h.buffers(), h.expected)
+    more = alloc.alloc_extend(
+        torch.tensor([len(slots)]),
+        torch.tensor([len(slots) + P + 1]),
+        torch.tensor(slots[-1:]),
+        P + 1,
+    )
+    assert more is not None
+    h.write(more, "writeloc", gen)
+    assert_same_buffers(h.buffers(), h.expected)
+    table = alloc.full_to_swa_index_mapping
+    held = torch.tensor(slots + more.tolist())
+    held = held[table[held] > 0]
+    assert torch.equal(table[held] % P, held % P)  # offsets kept inside every page
+
+
+@pytest.mark.parametrize("page_size", [2, 4])
+@pytest.mark.parametrize("bad", ["offset moved", "page split", "window page shared"])
+def test_window_pairs_recorded_by_hand_keep_offsets_or_are_refused(page_size, bad):
+    """Issue 7: a reload that manages window slots itself (``set_full_to_swa_mapping``, then
+    ``pool.load_cpu_copy``) must keep each token's offset inside its page: a pair recorded at
+    another offset made the next decode refuse its translated ``last_loc``. Refused before
+    the table changes; pairs that keep the layout load, decode and extend."""
+    P = page_size
+    pool, alloc = make(size=32, swa_size=16, page_size=P, layer_num=2, swa_ids=(1,))
+    req = alloc.alloc_extend(torch.tensor([0]), torch.tensor([P + 1]), torch.tensor([-1]), P + 1)
+    fill(pool, req, torch.Generator().manual_seed(9))
+    alloc.free_swa(req[:1])  # the first page left the window: only the last token is masked
+    snap = alloc.get_cpu_copy(req)
+    alloc.free(req)
+    new = alloc.full_attn_allocator.alloc_extend(
+        torch.tensor([0]), torch.tensor([P + 1]), torch.tensor([-1]), P + 1
+    )
+    window = alloc.swa_attn_allocator.alloc(2 * P)
+    other = alloc.alloc(P)  # another request, holding a window page of its own
+    table = alloc.full_to_swa_index_mapping
+    bad_pairs = {
+        "offset moved": (new[-1:], window[1:2]),
+        # two tokens of one full page, offsets kept, in two window pages
+        "page split": (new[P - 2 : P], torch.stack([window[P - 2], window[2 * P - 1]])),
+        "window page shared": (new[-1:], table[other[:1]]),
+    }[bad]
+    before = table.clone()
+    with pytest.raises(AllocatorError):
+        alloc.set_full_to_swa_mapping(*bad_pairs)
+    assert torch.equal(table, before)
+    alloc.set_full_to_swa_mapping(new[-1:], window[:1])  # offset 0 -> offset 0
+    alloc.swa_attn_allocator.free(window[P:])
+    pool.load_cpu_copy(snap, new)
+    slots = new.tolist()
+    for _ in range(P + 1):
+        out = alloc.alloc_decode(torch.tensor([len(slots) + 1]), torch.tensor(slots[-1:]))
+        assert out is not None
+        slots.append(int(out[0]))
+    more = alloc.alloc_extend(
+        torch.tensor([len(slots)]), torch.tensor([len(slots) + 2]), torch.tensor(slots[-1:]), 2
+    )
+    assert more is not None
+    held = torch.tensor(slots + more.tolist())
+    held = held[table[held] > 0]
+    assert torch.equal(table[held] % P, held % P)
