@@ -324,3 +324,129 @@ def test_offload_pass_through_forwards_every_argument_by_keyword():
     assert alloc.get_cpu_copy(idx, mamba_indices=m) == "snapshot"
     alloc.load_cpu_copy("snapshot", idx, mamba_indices=m)
     assert pool.calls[0][2]["mamba_indices"] is m and pool.calls[1][2]["mamba_indices"] is m
+
+
+# -- issue 7 regressions: every test below failed before its fix ---------------------------------
+
+from tests.allocators import _factories as fx  # noqa: E402
+
+
+def _swa(page_size: int = 1):
+    return fx.swa_alloc(320, 320, page_size)
+
+
+def _one_error(calls) -> DoubleFreeError:
+    """Run ``calls`` (then ``check_frees``) and return the single DoubleFreeError they raise."""
+    errors = []
+    for call in calls:
+        try:
+            call()
+        except DoubleFreeError as exc:
+            errors.append(exc)
+    assert len(errors) == 1, errors
+    return errors[0]
+
+
+@pytest.mark.parametrize("page_size", [1, 2])
+def test_swa_free_rejected_at_the_queue_bound_still_frees_the_window_side(page_size):
+    alloc = _swa(page_size)
+    P = page_size
+    s = alloc.alloc(130 * P)
+    calls = [lambda: alloc.free(s[:1]), lambda: alloc.free(s[:1])]  # the second is a double free
+    calls += [lambda i=i: alloc.free(s[i * P : (i + 1) * P]) for i in range(1, 130)]
+    error = _one_error([*calls, alloc.check_frees])
+    assert f"{'slot' if P == 1 else 'page'} {int(s[0]) // P} " in str(error)
+    assert alloc.full_available_size() == alloc.swa_available_size() == 320
+    assert (alloc.full_to_swa_index_mapping[:-1] == 0).all()
+
+
+@pytest.mark.parametrize("page_size", [1, 2])
+def test_hisparse_free_rejected_at_the_queue_bound_still_drops_residency(page_size):
+    alloc = fx.hisparse_alloc(160 * page_size, page_size, ratio=2)
+    P = page_size
+    s = alloc.alloc(130 * P)
+    calls = [lambda: alloc.free(s[:1]), lambda: alloc.free(s[:1])]
+    calls += [lambda i=i: alloc.free(s[i * P : (i + 1) * P]) for i in range(1, 130)]
+    _one_error([*calls, alloc.check_frees])
+    assert alloc.logical_available_size() == 320 * P
+    assert alloc.device_available_size() == 160 * P
+    again = alloc.alloc_logical_only(320 * P)
+    assert again is not None
+    assert (alloc.translate_loc_to_device(again) == -1).all(), "handed out still resident"
+
+
+GROUP_MAKERS = {
+    "mha": lambda: fx.paged(16, 1),
+    "mha-paged": lambda: fx.paged(16, 4),
+    "mla": lambda: fx.mla(16, 1),
+    "mamba": lambda: fx.hybrid(16, 1),
+    "mamba-paged": lambda: fx.hybrid(16, 4),
+    "swa": lambda: fx.swa_alloc(16, 16, 1),
+    "swa-paged": lambda: fx.swa_alloc(16, 16, 4),
+    "hisparse": lambda: fx.hisparse_alloc(8, 1),
+    "hisparse-paged": lambda: fx.hisparse_alloc(16, 4),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(GROUP_MAKERS))
+def test_a_double_free_inside_a_group_rejects_only_that_call(kind):
+    alloc = GROUP_MAKERS[kind]()
+    P = alloc.page_size
+    total = alloc.available_size()
+    a, b = alloc.alloc(P), alloc.alloc(P)
+    alloc.free_group_begin()
+    alloc.free(a)
+    alloc.free(a)
+    alloc.free(b)
+    error = _one_error([alloc.free_group_end, alloc.check_frees])
+    assert f"{'slot' if P == 1 else 'page'} {int(a[0]) // P} " in str(error)
+    assert alloc.available_size() == total, "a legitimate free of the group was dropped"
+    if hasattr(alloc, "swa_available_size"):
+        assert alloc.full_available_size() == alloc.swa_available_size() == total
+        assert (alloc.full_to_swa_index_mapping[:-1] == 0).all()
+    if hasattr(alloc, "device_available_size"):
+        assert alloc.device_available_size() == total
+
+
+@pytest.mark.parametrize("kind", sorted(GROUP_MAKERS))
+def test_backup_keeps_queued_frees(kind):
+    alloc = GROUP_MAKERS[kind]()
+    P = alloc.page_size
+    total = alloc.available_size()
+    a, b = alloc.alloc(2 * P), alloc.alloc(P)
+    alloc.free(a)  # queued, not settled
+    state = alloc.backup_state()
+    alloc.free(b)
+    assert alloc.alloc(total - P) is not None
+    alloc.restore_state(state)
+    assert alloc.available_size() == total - P
+    if hasattr(alloc, "swa_available_size"):
+        assert alloc.swa_available_size() == total - P
+    if hasattr(alloc, "device_available_size"):
+        assert alloc.device_available_size() == total - P
+
+
+DECODE_MAKERS = {
+    "token": lambda: fx.paged(16, 1),
+    "paged": lambda: fx.paged(16, 4),
+    "swa": lambda: fx.swa_alloc(16, 16, 1),
+    "swa-paged": lambda: fx.swa_alloc(16, 16, 4),
+    "hisparse": lambda: fx.hisparse_alloc(8, 1),
+    "hisparse-paged": lambda: fx.hisparse_alloc(16, 4),
+}
+
+
+@pytest.mark.parametrize("settled", [False, True])
+@pytest.mark.parametrize("kind", sorted(DECODE_MAKERS))
+def test_alloc_decode_rejects_a_last_loc_in_a_free_page(kind, settled):
+    alloc = DECODE_MAKERS[kind]()
+    P = alloc.page_size
+    req = alloc.alloc_extend(torch.tensor([0]), torch.tensor([2]), torch.tensor([-1]), 2)
+    alloc.free(req)
+    if settled:
+        alloc.check_frees() if hasattr(alloc, "check_frees") else alloc.available_size()
+    before = alloc.available_size()
+    with pytest.raises(AllocatorError, match=rf"last_loc {int(req[-1])} .*free"):
+        alloc.alloc_decode(torch.tensor([3]), req[-1:])
+    assert alloc.available_size() == before
+    del P
