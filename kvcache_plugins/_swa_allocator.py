@@ -30,6 +30,8 @@ from .allocators import PagedSlotAllocator
 
 __all__ = ["SWASlotAllocator"]
 
+_CPU = torch.device("cpu")
+
 
 def _ceil_div(a: torch.Tensor, b: int) -> torch.Tensor:
     return torch.div(a + b - 1, b, rounding_mode="floor")
@@ -225,11 +227,22 @@ class SWASlotAllocator(FreeGroup):
         if P > 1:
             pages = torch.unique(torch.div(slots, P, rounding_mode="floor"))
             slots = (pages[:, None] * P + torch.arange(P, device=slots.device)).reshape(-1)
+        if self._held:
+            self._evict_held(slots)
         window = mapping[slots]
         held = window > 0
         if bool(held.any()):
             self.swa_attn_allocator.free(window[held])
             mapping[slots[held]] = 0
+
+    def _evict_held(self, slots: torch.Tensor) -> None:
+        """Window slots that queued free calls hold for ``slots`` go now: whatever the full
+        side's verdict, these tokens were just evicted, so a rollback must not bring them back."""
+        for key, (cleared, window) in list(self._held.items()):
+            gone = torch.isin(cleared, slots)
+            if bool(gone.any()):
+                self.swa_attn_allocator.free(window[gone])
+                self._held[key] = (cleared[~gone], window[~gone])
 
     def free(self, indices: torch.Tensor) -> None:
         """Release full slots and, with them, any window slots they still hold.
@@ -278,8 +291,9 @@ class SWASlotAllocator(FreeGroup):
         return (pages[:, None] * P + torch.arange(P, device=slots.device)).reshape(-1)
 
     def _window_settled(self, calls: list[torch.Tensor], rejected: frozenset[int]) -> None:
-        """The full side's verdicts: free the window slots of applied calls, put back the
-        table entries of rejected ones (unless something was recorded there since)."""
+        """The full side's verdicts: free the window slots of applied calls; put back the table
+        entries of rejected ones, where the full slot is still held and nothing was recorded
+        there since (a later call of the batch may have freed it: then its window slot goes)."""
         mapping = self.full_to_swa_index_mapping
         release: list[torch.Tensor] = []
         for number, call in enumerate(calls):
@@ -287,13 +301,14 @@ class SWASlotAllocator(FreeGroup):
             if entry is None:
                 continue
             cleared, window = entry
-            if number not in rejected:
+            if number in rejected:
+                held = self.full_attn_allocator._allocated(cleared.to(_CPU)).to(mapping.device)
+                back = held & (mapping[cleared] == 0)
+                mapping[cleared[back]] = window[back]
+                # a rejected call may name a slot twice (that is why it was rejected)
+                window = torch.unique(window[~back])
+            if window.numel():
                 release.append(window)
-                continue
-            empty = mapping[cleared] == 0
-            mapping[cleared[empty]] = window[empty]
-            if not bool(empty.all()):
-                release.append(window[~empty])
         if release:
             self.swa_attn_allocator.free(release[0] if len(release) == 1 else torch.cat(release))
 
