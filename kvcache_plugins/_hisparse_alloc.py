@@ -193,6 +193,8 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         allocated and their content stays in the logical store."""
         slots = check_slots(logical, limit=self.size + self.page_size, name="logical")
         pages = torch.unique(slots.to(_CPU) // self.page_size)
+        if self._held:
+            self._evict_held(pages)
         pages = pages[(pages > 0) & (self._page_map[pages] >= 0)]
         if pages.numel() == 0:
             return
@@ -200,6 +202,15 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         self._page_map[pages] = -1
         table = self.logical_to_device
         table[self._slots_of(pages).to(table.device)] = -1
+
+    def _evict_held(self, pages: torch.Tensor) -> None:
+        """Device pages that queued free calls hold for ``pages`` go now: whatever the logical
+        side's verdict, residency was just dropped, so a rollback must not bring it back."""
+        for key, (held, dev_pages) in list(self._held.items()):
+            gone = torch.isin(held, pages)
+            if bool(gone.any()):
+                self._device.free(self._slots_of(dev_pages[gone]).to(self.device))
+                self._held[key] = (held[~gone], dev_pages[~gone])
 
     def free(self, indices: torch.Tensor) -> None:
         """Free logical slots (their whole pages) and the device pages those pages held.
@@ -245,8 +256,10 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
             table[slots] = self._slots_of(dev_pages).to(table.device)
 
     def _residency_settled(self, calls: list[torch.Tensor], rejected: frozenset[int]) -> None:
-        """The logical side's verdicts: free the device pages of applied calls, make rejected
-        calls' pages resident again where nothing else made them resident since."""
+        """The logical side's verdicts: free the device pages of applied calls; make rejected
+        calls' pages resident again where the logical page is still held and nothing made it
+        resident since (a later call of the batch may have freed it: then its device page
+        goes)."""
         release: list[torch.Tensor] = []
         for number, call in enumerate(calls):
             entry = self._held.pop(id(call), None)
@@ -254,7 +267,8 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
                 continue
             pages, dev_pages = entry
             if number in rejected:
-                back = self._page_map[pages] < 0
+                held = self._logical._allocated(pages * self.page_size).to(_CPU)
+                back = held & (self._page_map[pages] < 0)
                 self._set_residency(pages[back], dev_pages[back])
                 dev_pages = dev_pages[~back]
             if dev_pages.numel():

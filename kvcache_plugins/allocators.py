@@ -281,6 +281,15 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
             if self._on_settled is not None:
                 self._on_settled(pending, frozenset())
 
+    def _allocated(self, slots: torch.Tensor) -> torch.Tensor:
+        """Which of ``slots`` (host int64) lie in handed-out pages (queued frees not counted).
+
+        For composites rolling back a rejected call at settle time: a later call of the same
+        batch may have freed the same slots, and then they are not to be put back.
+        """
+        self._free.sync_marks()
+        return torch.index_select(self._free.is_free, 0, slots // self.page_size) == 0
+
     def _settle_if_due(self) -> None:
         """Settle when the queue reached its bound (or at once, with eager checks)."""
         pending = self._pending
