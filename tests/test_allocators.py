@@ -23,7 +23,7 @@ class RequestWorkload(RuleBasedStateMachine):
     """Requests grow by extend and decode and get freed; a plain-Python model tracks the truth.
 
     Checked after every step: no slot is handed out twice, each request's token ``i`` sits at
-    offset ``i % P`` of its page, ``available_size`` equals free pages times P, and
+    offset ``i % P`` of its page; now and then ``available_size`` equals free pages times P;
     backup/restore brings back exactly the saved state.
     """
 
@@ -160,11 +160,19 @@ class RequestWorkload(RuleBasedStateMachine):
                 if i < len(self.requests):
                     assert slot % P == j % P, "token not at its page offset"
                 assert owners.setdefault(slot // P, i) == i, "two requests share a page"
-        assert self.alloc.available_size() == self.SIZE - len(self.pages_in_use()) * P
+
+    @rule()
+    @precondition(lambda self: self.alloc is not None)
+    def sizes(self):
+        """Exact sizes, only now and then: ``available_size`` settles queued frees, and
+        settling after every step would hide the paths where they settle on their own."""
+        assert self.alloc.available_size() == self.SIZE - len(self.pages_in_use()) * self.page_size
 
 
 TestRequestWorkload = RequestWorkload.TestCase
-TestRequestWorkload.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+TestRequestWorkload.settings = settings(
+    max_examples=30, stateful_step_count=30, deadline=None, derandomize=True
+)
 
 
 def test_allocators_satisfy_protocols():
