@@ -8,11 +8,18 @@ Why frees are checked in batches: on CPU every torch call costs microseconds, so
 ``free`` on the spot (range, duplicates, already free) costs several times the allocation itself,
 and on an accelerator it would synchronise the device. ``free`` therefore only queues its ids;
 the queue is checked and merged in one vectorised pass when the allocator next needs its free set
-(an ``alloc`` that runs short, ``available_size``, ``backup_state``, ``check_frees``) or when the
-queue grows past a bound. A bad free (double free, slot 0, out of range) is then rejected as a
-whole with a :class:`DoubleFreeError`/:class:`InvalidSlotError` naming the slot; every other queued
-free is applied, so nothing is lost and no slot can be handed out twice. ``eager_checks=True``
-checks each host-side free on the spot instead (for debugging: the error points at the call).
+(an ``alloc`` that runs short, ``available_size``, ``backup_state``, ``check_frees``, an
+``alloc_decode``/``alloc_extend`` that must check a ``last_loc``) or when the queue grows past a
+bound. A bad free (double free, slot 0, out of range) is then rejected as a whole with a
+:class:`DoubleFreeError`/:class:`InvalidSlotError` naming the slot; every other queued free is
+applied, so nothing is lost. ``eager_checks=True`` checks each host-side free on the spot instead
+(for debugging: the error points at the call).
+
+The limit of checking late: the check sees the free set as it is at the settle, not as it was at
+the call. Freeing an id twice while its first free is still queued is always caught; but freeing
+an id that is already free and settled is caught only if no ``alloc`` handed that id out again
+before the settle — after that, the late free looks like a free by the new owner. Catching that
+too needs a per-call read of the free set, which is what ``eager_checks`` costs.
 
 Every free call keeps its own verdict, wherever it came from: a free group ends by queueing each
 collected call as a call of its own (concatenating them would let one double free reject the

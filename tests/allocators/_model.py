@@ -43,6 +43,9 @@ class QueuedAllocatorMachine(RuleBasedStateMachine):
     PAGE_SIZE = 1
     PAGES = PAGES_DEFAULT
     HAS_PAGED_CALLS = True
+    #: Composites range-check a free at the call (they must read their table there); the
+    #: plain allocators check it with the queue, like a double free.
+    EAGER_RANGE_CHECK = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -114,7 +117,7 @@ class QueuedAllocatorMachine(RuleBasedStateMachine):
         """Run an allocator call; a DoubleFreeError must be the one pending bad free's."""
         try:
             return fn(*args)
-        except DoubleFreeError as exc:
+        except (DoubleFreeError, InvalidSlotError) as exc:
             assert self.expected is not None, f"unexpected error: {exc}"
             assert re.search(self.expected, str(exc)), (self.expected, str(exc))
             self.expected = None
@@ -296,7 +299,7 @@ class QueuedAllocatorMachine(RuleBasedStateMachine):
     @rule(
         data=st.data(),
         in_group=st.booleans(),
-        kind=st.sampled_from(["queued", "same group", "twice in one call"]),
+        kind=st.sampled_from(["queued", "same group", "twice in one call", "out of range"]),
     )
     @precondition(lambda self: self.expected is None)
     def double_free(self, data: st.DataObject, in_group: bool, kind: str) -> None:
@@ -309,7 +312,9 @@ class QueuedAllocatorMachine(RuleBasedStateMachine):
         P = self.P
         if not self.reqs and not self.recent:
             return
-        if kind == "twice in one call" and P > 1:
+        if (kind == "twice in one call" and P > 1) or (
+            kind == "out of range" and self.EAGER_RANGE_CHECK
+        ):
             kind = "queued"
         if kind == "queued" and not self.recent:
             first = data.draw(st.sampled_from(self.reqs))
@@ -329,6 +334,9 @@ class QueuedAllocatorMachine(RuleBasedStateMachine):
                 return
             slot = data.draw(st.sampled_from(good[0]))
             bad = [slot]
+        elif kind == "out of range":
+            slot = (self.PAGES + 1) * P + data.draw(st.integers(0, 3))
+            bad = [slot]
         elif kind == "twice in one call":
             held = [r for r in self.reqs if all(r is not g for g in good)]
             if not held:
@@ -341,6 +349,8 @@ class QueuedAllocatorMachine(RuleBasedStateMachine):
             bad = [slot]
             good = [r for r in good if slot not in r]
         self.expected = rf"\b{self.name_of(slot)}\b"
+        if kind == "out of range":
+            self.expected = rf"cannot free {self.name_of(slot)}: valid"
         if in_group:
             self.alloc.free_group_begin()
             for r in good[:1]:
@@ -423,6 +433,18 @@ class QueuedAllocatorMachine(RuleBasedStateMachine):
                 self.alloc.free_group_end,
             ),
         }
+        if self.EAGER_RANGE_CHECK:
+            beyond = (self.PAGES + 1) * P + 2
+            calls["free out of range"] = (
+                InvalidSlotError,
+                rf"\b{beyond}\b.*out of range",
+                lambda: self.alloc.free(torch.tensor([2, beyond])),
+            )
+            calls["free slot 0"] = (
+                KVCacheError,
+                r"\b0\b.*(reserved|padding)",
+                lambda: self.alloc.free(torch.tensor([0])),
+            )
         if P > 1:
             calls["partial-page alloc"] = (
                 AllocatorError,
