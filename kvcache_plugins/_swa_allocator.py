@@ -241,7 +241,8 @@ class SWASlotAllocator(FreeGroup):
         for key, (cleared, window) in list(self._held.items()):
             gone = torch.isin(cleared, slots)
             if bool(gone.any()):
-                self.swa_attn_allocator.free(window[gone])
+                # unique: a call rejected for naming a slot twice holds its window slot twice
+                self.swa_attn_allocator.free(torch.unique(window[gone]))
                 self._held[key] = (cleared[~gone], window[~gone])
 
     def free(self, indices: torch.Tensor) -> None:
