@@ -381,9 +381,18 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
             return
         if self._collect(indices):
             return
-        self._pending.append(self._own(indices))
+        # Own a copy now (inline :meth:`_own`: this is the hot path).
+        if dtype is not torch.int64:
+            indices = indices.reshape(-1).to(torch.int64)
+        elif indices.dim() == 1:
+            indices = indices.clone()
+        else:
+            indices = indices.reshape(-1).clone()
+        if self._on_host and not indices.is_cpu:
+            indices = indices.cpu()
+        self._pending.append(indices)
         if len(self._pending) >= _MAX_PENDING_CALLS or (
-            self.eager_checks and self._pending[-1].device.type == "cpu"
+            self.eager_checks and indices.device.type == "cpu"
         ):
             self._settle()
 
