@@ -20,10 +20,10 @@ from kvcache_plugins._mamba_state import MambaSlotAllocator
 from . import _factories as fx
 from ._model import BIG, QueuedAllocatorMachine
 
-SETTINGS = settings(derandomize=True, max_examples=12, stateful_step_count=30, deadline=None)
+SETTINGS = settings(derandomize=True, max_examples=30, stateful_step_count=40, deadline=None)
 
 
-def _case(machine: type[RuleBasedStateMachine], examples: int = 12) -> Any:
+def _case(machine: type[RuleBasedStateMachine], examples: int = 30) -> Any:
     case = machine.TestCase
     case.settings = settings(SETTINGS, max_examples=examples)
     return case
@@ -59,9 +59,9 @@ class PagedHybridMambaMachine(HybridMambaMachine):
 
 TestToken = _case(TokenMachine)
 TestPaged = _case(PagedMachine)
-TestMLA = _case(MLAMachine, 6)
-TestHybridMamba = _case(HybridMambaMachine, 6)
-TestPagedHybridMamba = _case(PagedHybridMambaMachine, 6)
+TestMLA = _case(MLAMachine, 15)
+TestHybridMamba = _case(HybridMambaMachine, 15)
+TestPagedHybridMamba = _case(PagedHybridMambaMachine, 15)
 
 
 # -- SWA ------------------------------------------------------------------------------------------
@@ -144,8 +144,8 @@ class PagedSWAMachine(SWAMachine):
     PAGE_SIZE = 2
 
 
-TestSWA = _case(SWAMachine, 8)
-TestPagedSWA = _case(PagedSWAMachine, 8)
+TestSWA = _case(SWAMachine, 25)
+TestPagedSWA = _case(PagedSWAMachine, 25)
 
 
 # -- HiSparse -------------------------------------------------------------------------------------
@@ -254,8 +254,8 @@ class PagedHiSparseMachine(HiSparseMachine):
     PAGE_SIZE = 2
 
 
-TestHiSparse = _case(HiSparseMachine, 6)
-TestPagedHiSparse = _case(PagedHiSparseMachine, 6)
+TestHiSparse = _case(HiSparseMachine, 20)
+TestPagedHiSparse = _case(PagedHiSparseMachine, 20)
 
 
 # -- the Mamba request-slot allocator (eager checks, no queue) ----------------------------------
@@ -369,4 +369,4 @@ class MambaSlotMachine(RuleBasedStateMachine):
         assert self.alloc.available_size() == self.SIZE - len(self.live())
 
 
-TestMambaSlots = _case(MambaSlotMachine, 20)
+TestMambaSlots = _case(MambaSlotMachine, 60)
