@@ -62,7 +62,7 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         self._logical._on_settled = self._residency_settled
         # Queued logical free call (by identity) -> (logical pages whose residency it dropped,
         # their device pages), until the logical side's verdict on the call.
-        self._held: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._held: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self._offsets = torch.arange(self.page_size, dtype=torch.int64)
         # Host truth: logical page -> device page (-1 = not resident); page 0 is padding.
         self._page_map = torch.full((self.size // self.page_size + 1,), -1, dtype=torch.int64)
@@ -206,11 +206,11 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
     def _evict_held(self, pages: torch.Tensor) -> None:
         """Device pages that queued free calls hold for ``pages`` go now: whatever the logical
         side's verdict, residency was just dropped, so a rollback must not bring it back."""
-        for key, (held, dev_pages) in list(self._held.items()):
+        for key, (call, held, dev_pages) in list(self._held.items()):
             gone = torch.isin(held, pages)
             if bool(gone.any()):
                 self._device.free(self._slots_of(dev_pages[gone]).to(self.device))
-                self._held[key] = (held[~gone], dev_pages[~gone])
+                self._held[key] = (call, held[~gone], dev_pages[~gone])
 
     def free(self, indices: torch.Tensor) -> None:
         """Free logical slots (their whole pages) and the device pages those pages held.
@@ -232,7 +232,8 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         pages = torch.unique(call.to(_CPU) // self.page_size)
         pages = pages[(pages > 0) & (self._page_map[pages] >= 0)]  # page 0 is padding
         if pages.numel():
-            self._held[id(call)] = (pages, self._page_map[pages].clone())
+            # the call itself is kept too: it keeps its id unique while held
+            self._held[id(call)] = (call, pages, self._page_map[pages].clone())
             self._set_residency(pages, None)
         self._logical._enqueue(call, settle_if_due=settle_if_due)
 
@@ -263,9 +264,9 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         release: list[torch.Tensor] = []
         for number, call in enumerate(calls):
             entry = self._held.pop(id(call), None)
-            if entry is None:
+            if entry is None or entry[0] is not call:
                 continue
-            pages, dev_pages = entry
+            _, pages, dev_pages = entry
             if number in rejected:
                 held = self._logical._allocated(pages * self.page_size).to(_CPU)
                 back = held & (self._page_map[pages] < 0)

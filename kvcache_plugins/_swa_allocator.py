@@ -70,7 +70,7 @@ class SWASlotAllocator(FreeGroup):
         self.swa_attn_allocator._check_every_last_loc = False
         # Queued full-side free call (by identity) -> (full slots whose entries were cleared,
         # their window slots), until the full side's verdict on the call.
-        self._held: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._held: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         # Lives with the pool's buffers: window layers translate through it on every write.
         self.full_to_swa_index_mapping = torch.zeros(
             size + page_size + 1, dtype=torch.int64, device=kvcache.device
@@ -238,12 +238,12 @@ class SWASlotAllocator(FreeGroup):
     def _evict_held(self, slots: torch.Tensor) -> None:
         """Window slots that queued free calls hold for ``slots`` go now: whatever the full
         side's verdict, these tokens were just evicted, so a rollback must not bring them back."""
-        for key, (cleared, window) in list(self._held.items()):
+        for key, (call, cleared, window) in list(self._held.items()):
             gone = torch.isin(cleared, slots)
             if bool(gone.any()):
                 # unique: a call rejected for naming a slot twice holds its window slot twice
                 self.swa_attn_allocator.free(torch.unique(window[gone]))
-                self._held[key] = (cleared[~gone], window[~gone])
+                self._held[key] = (call, cleared[~gone], window[~gone])
 
     def free(self, indices: torch.Tensor) -> None:
         """Release full slots and, with them, any window slots they still hold.
@@ -272,7 +272,7 @@ class SWASlotAllocator(FreeGroup):
         if bool(held.any()):
             cleared, window = cleared[held], window[held]
             mapping[cleared] = 0
-            self._held[id(call)] = (cleared, window)
+            self._held[id(call)] = (call, cleared, window)  # the call keeps its id unique
         self.full_attn_allocator._enqueue(call, settle_if_due=settle_if_due)
 
     def _free_calls(self, calls: list[torch.Tensor]) -> None:
@@ -299,9 +299,9 @@ class SWASlotAllocator(FreeGroup):
         release: list[torch.Tensor] = []
         for number, call in enumerate(calls):
             entry = self._held.pop(id(call), None)
-            if entry is None:
+            if entry is None or entry[0] is not call:
                 continue
-            cleared, window = entry
+            _, cleared, window = entry
             if number in rejected:
                 held = self.full_attn_allocator._allocated(cleared.to(_CPU)).to(mapping.device)
                 back = held & (mapping[cleared] == 0)
