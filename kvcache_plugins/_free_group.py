@@ -1,26 +1,62 @@
 """Free groups, shared by every built-in allocator.
 
 Eviction frees many requests in a row; between ``free_group_begin()`` and ``free_group_end()``
-the allocator only collects them and releases everything in one ``free`` at the end, so the
-per-call cost (and, for composite allocators, the per-call table updates) is paid once.
+the allocator only collects them and releases them together at the end.
+
+Why the end does not concatenate the calls into one ``free``: a free call is checked as a whole,
+so one bad call (a double free) would reject every legitimate free of the group, and with pages
+two calls naming one page would pass as two slots of the same page. ``free_group_end`` therefore
+hands the calls over one by one (:meth:`FreeGroup._free_calls`), keeping their boundaries: the bad
+call is rejected with one error naming it, and every other call is applied.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from kvcache_core import AllocatorError
+from kvcache_core import AllocatorError, KVCacheError
+
+
+def free_calls_one_by_one(
+    calls: list[torch.Tensor],
+    free_one: Callable[[torch.Tensor], None],
+    settle: Callable[[], None] | None = None,
+) -> None:
+    """Run ``free_one`` on every call, even after one raised, then ``settle`` (if given), then
+    raise the first error: one error for the group, every good call applied."""
+    first: KVCacheError | None = None
+    for call in calls:
+        try:
+            free_one(call)
+        except KVCacheError as exc:  # rejects this call only
+            first = first or exc
+    if settle is not None:
+        try:
+            settle()
+        except KVCacheError:
+            if first is None:
+                raise
+    if first is not None:
+        raise first
 
 
 class FreeGroup:
     """Mixin: ``free_group_begin``/``free_group_end`` around the class's own ``free``.
 
-    A subclass's ``free`` starts with ``if self._collect(indices): return``.
+    A subclass's ``free`` starts with ``if self._collect(indices): return`` and the subclass
+    implements :meth:`_free_calls`.
     """
 
     _group: list[torch.Tensor] | None = None
 
     def free(self, indices: torch.Tensor) -> None:
+        raise NotImplementedError  # provided by the allocator using this mixin
+
+    def _free_calls(self, calls: list[torch.Tensor]) -> None:
+        """Free each of ``calls`` as a call of its own: all of them, even after a bad one, then
+        raise one error for the bad ones."""
         raise NotImplementedError  # provided by the allocator using this mixin
 
     def _collect(self, indices: torch.Tensor) -> bool:
@@ -37,8 +73,9 @@ class FreeGroup:
         self._group = []
 
     def free_group_end(self) -> None:
+        """Free the collected calls, each as its own call (see the module doc)."""
         group, self._group = self._group, None
         if group is None:
             raise AllocatorError("free_group_end called without free_group_begin")
         if group:
-            self.free(torch.cat([g.reshape(-1).to(torch.int64) for g in group]))
+            self._free_calls(group)

@@ -11,6 +11,13 @@ is mirrored into the token-level device table the pool and kernels read.
 tokens are written through to the device), or None, consuming nothing, unless both sides fit;
 ``available_size`` is therefore the smaller side. The extras: ``alloc_logical_only``,
 ``alloc_device`` (make already-allocated logical slots resident), ``free_device``.
+
+Freeing follows the logical side's verdict. ``free`` drops residency in the tables at once (the
+pages may not be read through them any more) but keeps the device pages aside with the call; the
+logical side checks its queued calls in a batch and reports each call's verdict when it settles
+(:meth:`HiSparseSlotAllocator._residency_settled`): an applied call's device pages are freed, a
+rejected call's residency is put back. So a double free found late (at the queue bound, in a
+free group) neither leaks device pages nor leaves a free logical page marked resident.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import torch
 
 from kvcache_core import AllocatorError, HiSparsePool, KVPool, check_slots
 
-from ._free_group import FreeGroup
+from ._free_group import FreeGroup, free_calls_one_by_one
 from ._offload_forward import ForwardsOffload
 from .allocators import PagedSlotAllocator
 
@@ -52,6 +59,10 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         self.device = torch.device(device) if device is not None else kvcache.device
         self._logical = PagedSlotAllocator(self.size, self.page_size, kvcache, self.device)
         self._device = PagedSlotAllocator(self.device_size, self.page_size, kvcache, self.device)
+        self._logical._on_settled = self._residency_settled
+        # Queued logical free call (by identity) -> (logical pages whose residency it dropped,
+        # their device pages), until the logical side's verdict on the call.
+        self._held: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self._offsets = torch.arange(self.page_size, dtype=torch.int64)
         # Host truth: logical page -> device page (-1 = not resident); page 0 is padding.
         self._page_map = torch.full((self.size // self.page_size + 1,), -1, dtype=torch.int64)
@@ -68,6 +79,8 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         return self._logical.available_size()
 
     def device_available_size(self) -> int:
+        """Free device slots, counting those of queued logical frees (settled first)."""
+        self._logical.check_frees()
         return self._device.available_size()
 
     def get_kvcache(self) -> KVPool:
@@ -123,7 +136,7 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         return torch.tensor(pages, dtype=torch.int64)
 
     def _device_room(self, pages: int) -> bool:
-        return pages * self.page_size <= self._device.available_size()
+        return pages * self.page_size <= self.device_available_size()
 
     def _last_pages_needing_device(self, lasts: list[int], partial: list[bool]) -> int:
         pages = [last // self.page_size for last, p in zip(lasts, partial, strict=True) if p]
@@ -174,6 +187,7 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         lasts = [int(x) for x in last_loc.reshape(-1).tolist()]
         if len(seqs) != len(lasts):
             raise AllocatorError("seq_lens and last_loc must have the same length")
+        self._logical._decode_plan(seq_lens, last_loc)  # a stale last_loc raises before room
         fresh = [(s - 1) % self.page_size == 0 for s in seqs]
         continuing = [not f for f in fresh]
         if not self._device_room(sum(fresh) + self._last_pages_needing_device(lasts, continuing)):
@@ -208,6 +222,8 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         allocated and their content stays in the logical store."""
         slots = check_slots(logical, limit=self.size + self.page_size, name="logical")
         pages = torch.unique(slots.to(_CPU) // self.page_size)
+        if self._held:
+            self._evict_held(pages)
         pages = pages[(pages > 0) & (self._page_map[pages] >= 0)]
         if pages.numel() == 0:
             return
@@ -216,21 +232,80 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         table = self.logical_to_device
         table[self._slots_of(pages).to(table.device)] = -1
 
+    def _evict_held(self, pages: torch.Tensor) -> None:
+        """Device pages that queued free calls hold for ``pages`` go now: whatever the logical
+        side's verdict, residency was just dropped, so a rollback must not bring it back."""
+        for key, (call, held, dev_pages) in list(self._held.items()):
+            gone = torch.isin(held, pages)
+            if bool(gone.any()):
+                self._device.free(self._slots_of(dev_pages[gone]).to(self.device))
+                self._held[key] = (call, held[~gone], dev_pages[~gone])
+
     def free(self, indices: torch.Tensor) -> None:
         """Free logical slots (their whole pages) and the device pages those pages held.
 
         Unlike the plain allocator this reads the ids at once (a device sync when they live on
-        an accelerator): residency has to be dropped now, before the pages can be reused. Range
-        and slot 0 are checked here; double frees surface from the logical allocator's batch
-        check, as for any paged allocator.
+        an accelerator): residency is dropped from the tables now. Range and slot 0 are checked
+        here; double frees surface from the logical allocator's batch check, and then the call's
+        residency is put back (see the module doc).
         """
         if self._collect(indices):
             return
+        self._free_one(indices, settle_if_due=True)
+
+    def _free_one(self, indices: torch.Tensor, *, settle_if_due: bool) -> None:
         slots = check_slots(indices, limit=self.size + self.page_size, name="indices")
         if slots.numel() == 0:
             return
-        self._logical.free(slots)
-        self.free_device(slots)
+        call = slots.clone()  # owned: the caller may reuse ``indices``
+        pages = torch.unique(call.to(_CPU) // self.page_size)
+        pages = pages[(pages > 0) & (self._page_map[pages] >= 0)]  # page 0 is padding
+        if pages.numel():
+            # the call itself is kept too: it keeps its id unique while held
+            self._held[id(call)] = (call, pages, self._page_map[pages].clone())
+            self._set_residency(pages, None)
+        self._logical._enqueue(call, settle_if_due=settle_if_due)
+
+    def _free_calls(self, calls: list[torch.Tensor]) -> None:
+        """End of a free group: every call on its own, the queue settled at most once."""
+        free_calls_one_by_one(
+            calls,
+            lambda call: self._free_one(call, settle_if_due=False),
+            self._logical._settle_if_due,
+        )
+
+    def _set_residency(self, pages: torch.Tensor, dev_pages: torch.Tensor | None) -> None:
+        """Host page table and device token table: ``pages`` -> ``dev_pages`` (None: -1)."""
+        table = self.logical_to_device
+        slots = self._slots_of(pages).to(table.device)
+        if dev_pages is None:
+            self._page_map[pages] = -1
+            table[slots] = -1
+        else:
+            self._page_map[pages] = dev_pages
+            table[slots] = self._slots_of(dev_pages).to(table.device)
+
+    def _residency_settled(self, calls: list[torch.Tensor], rejected: frozenset[int]) -> None:
+        """The logical side's verdicts: free the device pages of applied calls; make rejected
+        calls' pages resident again where the logical page is still held and nothing made it
+        resident since (a later call of the batch may have freed it: then its device page
+        goes)."""
+        release: list[torch.Tensor] = []
+        for number, call in enumerate(calls):
+            entry = self._held.pop(id(call), None)
+            if entry is None or entry[0] is not call:
+                continue
+            _, pages, dev_pages = entry
+            if number in rejected:
+                held = self._logical._allocated(pages * self.page_size).to(_CPU)
+                back = held & (self._page_map[pages] < 0)
+                self._set_residency(pages[back], dev_pages[back])
+                dev_pages = dev_pages[~back]
+            if dev_pages.numel():
+                release.append(dev_pages)
+        if release:
+            dev = release[0] if len(release) == 1 else torch.cat(release)
+            self._device.free(self._slots_of(dev).to(self.device))
 
     def check_frees(self) -> None:
         """Check queued frees of both sides now, raising on a bad one."""
@@ -252,7 +327,8 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
             isinstance(state, tuple) and len(state) == 5 and state[:2] == (_STATE_TAG, id(self))
         ):
             raise AllocatorError("restore_state got a state this allocator did not back up")
-        self._logical.restore_state(state[2])
+        self._logical.restore_state(state[2])  # drops queued frees: so do we
+        self._held.clear()
         self._device.restore_state(state[3])
         self._page_map.copy_(state[4])
         self._group = None
@@ -260,6 +336,7 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
 
     def clear(self) -> None:
         """Free every logical and device slot but the reserved page 0; nothing stays resident."""
+        self._held.clear()
         self._logical.clear()
         self._device.clear()
         self._group = None

@@ -27,6 +27,8 @@ from kvcache_core import (
     expect_snapshot,
 )
 
+from ._free_group import FreeGroup, free_calls_one_by_one
+
 __all__ = ["MambaPool", "MambaSlotAllocator"]
 
 _CPU = torch.device("cpu")
@@ -167,12 +169,14 @@ class MambaPool:
             buf.scatter(slots, snap.parts[name])
 
 
-class MambaSlotAllocator:
+class MambaSlotAllocator(FreeGroup):
     """Request slots ``1..size`` for Mamba state: a host stack of free ids with a top pointer.
 
     ``alloc`` hands out the lowest ids first on a fresh allocator and is never partial; freeing
     slot 0, an id twice, or an id that is already free raises :class:`DoubleFreeError` before
-    anything changes.
+    anything changes. Frees are checked on the spot (no queue): a request frees one slot, so
+    there is nothing to batch. Free groups and backup/restore behave as the token allocators'
+    do, so an engine can evict and roll back request slots along with token slots.
     """
 
     def __init__(self, size: int, device: torch.device | str = "cpu") -> None:
@@ -199,13 +203,16 @@ class MambaSlotAllocator:
         return ids if self.device == _CPU else ids.to(self.device)
 
     def free(self, indices: torch.Tensor) -> None:
+        """Release request slots; a bad call raises and changes nothing."""
         if not isinstance(indices, torch.Tensor):
             raise InvalidSlotError(f"indices must be a tensor, got {type(indices).__name__}")
         if indices.is_floating_point() or indices.is_complex() or indices.dtype == torch.bool:
             raise InvalidSlotError(f"indices must have an integer dtype, got {indices.dtype}")
-        ids = indices.reshape(-1).to(_CPU, torch.int64)
-        if ids.numel() == 0:
+        if indices.numel() == 0:
             return
+        if self._collect(indices):
+            return
+        ids = indices.reshape(-1).to(_CPU, torch.int64)
         low, high = int(ids.min()), int(ids.max())
         if low == 0:
             raise DoubleFreeError("request slot 0 is reserved padding and is never allocated")
@@ -214,7 +221,9 @@ class MambaSlotAllocator:
                 f"cannot free request slot {low if low < 0 else high}: valid are 1..{self.size}"
             )
         if torch.unique(ids).numel() != ids.numel():
-            raise DoubleFreeError("a request slot is freed twice in one call")
+            ordered = torch.sort(ids).values
+            twice = int(ordered[1:][ordered[1:] == ordered[:-1]][0])
+            raise DoubleFreeError(f"request slot {twice} is freed twice in one call")
         already = self._is_free[ids]
         if bool(already.any()):
             raise DoubleFreeError(f"request slot {int(ids[already][0])} is already free")
@@ -223,8 +232,34 @@ class MambaSlotAllocator:
         self._top += n
         self._is_free[ids] = True
 
+    def _free_calls(self, calls: list[torch.Tensor]) -> None:
+        """End of a free group: each call checked and applied on its own; one error at the end
+        for the first bad call, every good one applied."""
+        free_calls_one_by_one(calls, self.free)
+
+    def backup_state(self) -> object:
+        """The free slots, copied: the stack is written in place, so a reference would not do."""
+        return ("mamba-slot-allocator", id(self), self._stack[: self._top].clone())
+
+    def restore_state(self, state: object) -> None:
+        """Bring back the free slots of ``state`` (undoing every alloc and free since)."""
+        if not (
+            isinstance(state, tuple)
+            and len(state) == 3
+            and state[:2] == ("mamba-slot-allocator", id(self))
+            and isinstance(state[2], torch.Tensor)
+        ):
+            raise AllocatorError("restore_state got a state this allocator did not back up")
+        free = state[2]
+        self._group = None
+        self._top = free.numel()
+        self._stack[: self._top] = free
+        self._is_free.fill_(False)
+        self._is_free[free] = True
+
     def clear(self) -> None:
         """Every request slot but 0 free again."""
+        self._group = None
         torch.arange(self.size, 0, -1, out=self._stack)
         self._is_free.fill_(True)
         self._is_free[0] = False

@@ -9,6 +9,13 @@ after ``alloc(n)`` every new token has one, although only the tokens that had on
 time (the snapshot's mask) should. ``load_cpu_copy`` therefore makes the mapping match the mask
 exactly (gives masked tokens without a window slot one, takes it from unmasked tokens) and only
 then lets the pool write. A shortage of window slots raises before anything changes.
+
+Freeing follows the full side's verdict. ``free`` clears the table entries at once (nothing may
+write through them any more) but keeps the window slots aside with the call; the full side
+checks its queued calls in a batch, and when it settles it reports each call's verdict
+(:meth:`_window_settled`): an applied call's window slots are freed, a rejected call's entries
+are put back. So a double free found late (at the queue bound, in a free group) never leaves a
+window slot without an owner, and a rejected call changes nothing on either side.
 """
 
 from __future__ import annotations
@@ -17,11 +24,13 @@ import torch
 
 from kvcache_core import AllocatorError, DoubleFreeError, KVPool, KVSnapshot, check_slots
 
-from ._free_group import FreeGroup
+from ._free_group import FreeGroup, free_calls_one_by_one
 from ._swa_pool import SWAKVPool
 from .allocators import PagedSlotAllocator
 
 __all__ = ["SWASlotAllocator"]
+
+_CPU = torch.device("cpu")
 
 
 def _ceil_div(a: torch.Tensor, b: int) -> torch.Tensor:
@@ -55,6 +64,13 @@ class SWASlotAllocator(FreeGroup):
         self.swa_attn_allocator = PagedSlotAllocator(
             swa_size, page_size, kvcache.swa_pool, self.device
         )
+        self.full_attn_allocator._on_settled = self._window_settled
+        # The window side's last_loc is translated (0 once the token left the window): only a
+        # continued page needs it; the full side checks the real one.
+        self.swa_attn_allocator._check_every_last_loc = False
+        # Queued full-side free call (by identity) -> (full slots whose entries were cleared,
+        # their window slots), until the full side's verdict on the call.
+        self._held: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         # Lives with the pool's buffers: window layers translate through it on every write.
         self.full_to_swa_index_mapping = torch.zeros(
             size + page_size + 1, dtype=torch.int64, device=kvcache.device
@@ -70,7 +86,14 @@ class SWASlotAllocator(FreeGroup):
         return self.full_attn_allocator.available_size()
 
     def swa_available_size(self) -> int:
+        """Free window slots, counting those of queued full-side frees (settled first)."""
+        self.full_attn_allocator.check_frees()
         return self.swa_attn_allocator.available_size()
+
+    def check_frees(self) -> None:
+        """Check queued frees of both sides now, raising on a bad one."""
+        self.full_attn_allocator.check_frees()
+        self.swa_attn_allocator.check_frees()
 
     # -- the table ----------------------------------------------------------------------------
     def _record(self, full: torch.Tensor, swa: torch.Tensor) -> None:
@@ -203,10 +226,12 @@ class SWASlotAllocator(FreeGroup):
         nothing is taken and None is returned.
         """
         P = self.page_size
+        swa_last = self._translate_last(last_loc)
+        # The real last_loc is checked before either side moves (a stale one raises here).
+        self.full_attn_allocator._extend_plan(prefix_lens, seq_lens, last_loc, extend_num_tokens)
         need = int((_ceil_div(seq_lens.long(), P) - _ceil_div(prefix_lens.long(), P)).sum())
         if need > self._pages_free():
             return None
-        swa_last = self._translate_last(last_loc)
         # The window side first: its last_loc (a translated one) is the likelier to be invalid.
         swa = self.swa_attn_allocator.alloc_extend(
             prefix_lens, seq_lens, swa_last, extend_num_tokens
@@ -228,10 +253,12 @@ class SWASlotAllocator(FreeGroup):
 
     def alloc_decode(self, seq_lens: torch.Tensor, last_loc: torch.Tensor) -> torch.Tensor | None:
         """One full and one window slot per request; None (taking nothing) if either is short."""
+        swa_last = self._translate_last(last_loc)
+        # The real last_loc is checked before either side moves (a stale one raises here).
+        self.full_attn_allocator._decode_plan(seq_lens, last_loc)
         need = int(((seq_lens.long() - 1) % self.page_size == 0).sum())
         if need > self._pages_free():
             return None
-        swa_last = self._translate_last(last_loc)
         swa = self.swa_attn_allocator.alloc_decode(seq_lens, swa_last)
         if swa is None:
             return None
@@ -261,36 +288,98 @@ class SWASlotAllocator(FreeGroup):
         if P > 1:
             pages = torch.unique(torch.div(slots, P, rounding_mode="floor"))
             slots = (pages[:, None] * P + torch.arange(P, device=slots.device)).reshape(-1)
+        if self._held:
+            self._evict_held(slots)
         window = mapping[slots]
         held = window > 0
         if bool(held.any()):
             self.swa_attn_allocator.free(window[held])
             mapping[slots[held]] = 0
 
+    def _evict_held(self, slots: torch.Tensor) -> None:
+        """Window slots that queued free calls hold for ``slots`` go now: whatever the full
+        side's verdict, these tokens were just evicted, so a rollback must not bring them back."""
+        for key, (call, cleared, window) in list(self._held.items()):
+            gone = torch.isin(cleared, slots)
+            if bool(gone.any()):
+                # unique: a call rejected for naming a slot twice holds its window slot twice
+                self.swa_attn_allocator.free(torch.unique(window[gone]))
+                self._held[key] = (call, cleared[~gone], window[~gone])
+
     def free(self, indices: torch.Tensor) -> None:
         """Release full slots and, with them, any window slots they still hold.
 
         The slots are range-checked here (the window side must read the table at them); a
-        double free of a full slot surfaces when the full side checks its queued frees.
+        double free of a full slot surfaces when the full side checks its queued frees, and
+        then the call's window slots are kept (see the module doc).
         """
         if self._collect(indices):
             return
+        self._free_one(indices, settle_if_due=True)
+
+    def _free_one(self, indices: torch.Tensor, *, settle_if_due: bool) -> None:
+        mapping = self.full_to_swa_index_mapping
         slots = check_slots(
-            indices,
-            limit=self.full_size + self.page_size,
-            allow_zero=True,
-            device=self.full_to_swa_index_mapping.device,
+            indices, limit=self.full_size + self.page_size, allow_zero=True, device=mapping.device
         )
         if slots.numel() == 0:
             return
         if bool((slots == 0).any()):
             raise DoubleFreeError("slot 0 is reserved and is never allocated")
-        self.full_attn_allocator.free(indices)
-        self.free_swa(slots)
+        call = slots.clone()  # owned: the caller may reuse ``indices``
+        cleared = self._page_slots(call)
+        window = mapping[cleared]
+        held = window > 0
+        if bool(held.any()):
+            cleared, window = cleared[held], window[held]
+            mapping[cleared] = 0
+            self._held[id(call)] = (call, cleared, window)  # the call keeps its id unique
+        self.full_attn_allocator._enqueue(call, settle_if_due=settle_if_due)
+
+    def _free_calls(self, calls: list[torch.Tensor]) -> None:
+        """End of a free group: every call on its own, the queue settled at most once."""
+        free_calls_one_by_one(
+            calls,
+            lambda call: self._free_one(call, settle_if_due=False),
+            self.full_attn_allocator._settle_if_due,
+        )
+
+    def _page_slots(self, slots: torch.Tensor) -> torch.Tensor:
+        """``slots`` grown to whole pages (a window page belongs to one full page)."""
+        P = self.page_size
+        if P == 1:
+            return slots
+        pages: torch.Tensor = torch.unique(torch.div(slots, P, rounding_mode="floor"))
+        return (pages[:, None] * P + torch.arange(P, device=slots.device)).reshape(-1)
+
+    def _window_settled(self, calls: list[torch.Tensor], rejected: frozenset[int]) -> None:
+        """The full side's verdicts: free the window slots of applied calls; put back the table
+        entries of rejected ones, where the full slot is still held and nothing was recorded
+        there since (a later call of the batch may have freed it: then its window slot goes)."""
+        mapping = self.full_to_swa_index_mapping
+        release: list[torch.Tensor] = []
+        for number, call in enumerate(calls):
+            entry = self._held.pop(id(call), None)
+            if entry is None or entry[0] is not call:
+                continue
+            _, cleared, window = entry
+            if number in rejected:
+                held = self.full_attn_allocator._allocated(cleared.to(_CPU)).to(mapping.device)
+                back = held & (mapping[cleared] == 0)
+                mapping[cleared[back]] = window[back]
+                # a rejected call may name a slot twice (that is why it was rejected)
+                window = torch.unique(window[~back])
+            if window.numel():
+                release.append(window)
+        if release:
+            self.swa_attn_allocator.free(release[0] if len(release) == 1 else torch.cat(release))
 
     # -- state --------------------------------------------------------------------------------
     def backup_state(self) -> object:
-        """Both free lists and the table: restore undoes every alloc, free and free_swa since."""
+        """Both free lists and the table: restore undoes every alloc, free and free_swa since.
+
+        The full side settles first (its verdicts free window slots), then the window side.
+        """
         return (
             "swa-slot-allocator",
             id(self),
@@ -307,13 +396,15 @@ class SWASlotAllocator(FreeGroup):
             and state[1] == id(self)
         ):
             raise AllocatorError("restore_state got a state this allocator did not back up")
-        self.full_attn_allocator.restore_state(state[2])
+        self.full_attn_allocator.restore_state(state[2])  # drops queued frees: so do we
+        self._held.clear()
         self.swa_attn_allocator.restore_state(state[3])
         self.full_to_swa_index_mapping.copy_(state[4])
 
     def clear(self) -> None:
         """Free every slot on both sides; the table goes back to all 0 and the trailing -1."""
         self._group = None
+        self._held.clear()
         self.full_attn_allocator.clear()
         self.swa_attn_allocator.clear()
         self.full_to_swa_index_mapping.zero_()

@@ -8,14 +8,29 @@ Why frees are checked in batches: on CPU every torch call costs microseconds, so
 ``free`` on the spot (range, duplicates, already free) costs several times the allocation itself,
 and on an accelerator it would synchronise the device. ``free`` therefore only queues its ids;
 the queue is checked and merged in one vectorised pass when the allocator next needs its free set
-(an ``alloc`` that runs short, ``available_size``, ``backup_state``, ``check_frees``) or when the
-queue grows past a bound. A bad free (double free, slot 0, out of range) is then rejected as a
-whole with a :class:`DoubleFreeError`/:class:`InvalidSlotError` naming the slot; every other queued
-free is applied, so nothing is lost and no slot can be handed out twice. ``eager_checks=True``
-checks each host-side free on the spot instead (for debugging: the error points at the call).
+(an ``alloc`` that runs short, ``available_size``, ``backup_state``, ``check_frees``, an
+``alloc_decode``/``alloc_extend`` that must check a ``last_loc``) or when the queue grows past a
+bound. A bad free (double free, slot 0, out of range) is then rejected as a whole with a
+:class:`DoubleFreeError`/:class:`InvalidSlotError` naming the slot; every other queued free is
+applied, so nothing is lost. ``eager_checks=True`` checks each host-side free on the spot instead
+(for debugging: the error points at the call).
+
+The limit of checking late: the check sees the free set as it is at the settle, not as it was at
+the call. Freeing an id twice while its first free is still queued is always caught; but freeing
+an id that is already free and settled is caught only if no ``alloc`` handed that id out again
+before the settle — after that, the late free looks like a free by the new owner. Catching that
+too needs a per-call read of the free set, which is what ``eager_checks`` costs.
+
+Every free call keeps its own verdict, wherever it came from: a free group ends by queueing each
+collected call as a call of its own (concatenating them would let one double free reject the
+whole group, or, with pages, hide it as two slots of one page in one call), and composite
+allocators (SWA, HiSparse) learn through :attr:`PagedSlotAllocator._on_settled` which of their
+calls were applied and which were rejected, so their second side follows the first exactly.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -248,6 +263,15 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
         self._offsets = torch.arange(page_size, dtype=torch.int64)
         self.eager_checks = eager_checks
         self._on_host = self.device.type == "cpu"
+        #: Set by a composite allocator that owns this one: called at every settle with the
+        #: queued calls (the very tensors :meth:`_enqueue` got) and the positions of the rejected
+        #: ones, before any error is raised, so the composite can release or roll back its own
+        #: side of each call.
+        self._on_settled: Callable[[list[torch.Tensor], frozenset[int]], None] | None = None
+        #: Whether ``alloc_decode`` checks ``last_loc`` for every request with a prefix. A
+        #: window side (SWA) turns this off: its ``last_loc`` is a translated one, 0 once the
+        #: token left the window, and matters only when the new slot continues its page.
+        self._check_every_last_loc = True
 
     # -- bookkeeping -----------------------------------------------------------------------
     def _settle(self) -> None:
@@ -259,16 +283,39 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
         try:
             self._give_back(calls)
         except KVCacheError:
-            self._give_back_one_by_one(calls)
+            self._give_back_one_by_one(pending, calls)
+        else:
+            if self._on_settled is not None:
+                self._on_settled(pending, frozenset())
 
-    def _give_back_one_by_one(self, calls: list[torch.Tensor]) -> None:
-        """Slow path after a bad batch: apply every good call, reject the bad ones, then raise."""
+    def _allocated(self, slots: torch.Tensor) -> torch.Tensor:
+        """Which of ``slots`` (host int64) lie in handed-out pages (queued frees not counted).
+
+        For composites rolling back a rejected call at settle time: a later call of the same
+        batch may have freed the same slots, and then they are not to be put back.
+        """
+        self._free.sync_marks()
+        return torch.index_select(self._free.is_free, 0, slots // self.page_size) == 0
+
+    def _settle_if_due(self) -> None:
+        """Settle when the queue reached its bound (or at once, with eager checks)."""
+        pending = self._pending
+        if len(pending) >= _MAX_PENDING_CALLS or (
+            self.eager_checks and pending and pending[-1].device.type == "cpu"
+        ):
+            self._settle()
+
+    def _give_back_one_by_one(self, pending: list[torch.Tensor], calls: list[torch.Tensor]) -> None:
+        """Slow path after a bad batch: apply every good call, reject the bad ones, tell the
+        owning composite which were which, then raise one error naming the first bad id."""
         failures: list[tuple[int, KVCacheError]] = []
         for number, call in enumerate(calls, start=1):
             try:
                 self._give_back([call])
             except KVCacheError as exc:
                 failures.append((number, exc))
+        if self._on_settled is not None:
+            self._on_settled(pending, frozenset(number - 1 for number, _ in failures))
         number, first = failures[0]
         context = (
             f" (queued free call {number} of {len(calls)}; "
@@ -334,7 +381,7 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
             return
         if self._collect(indices):
             return
-        # Own a copy now: callers free views (a row of a request table) that they reuse.
+        # Own a copy now (inline :meth:`_own`: this is the hot path).
         if dtype is not torch.int64:
             indices = indices.reshape(-1).to(torch.int64)
         elif indices.dim() == 1:
@@ -342,19 +389,54 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
         else:
             indices = indices.reshape(-1).clone()
         if self._on_host and not indices.is_cpu:
-            indices = indices.cpu()  # a host allocator keeps its queue on the host
+            indices = indices.cpu()
         self._pending.append(indices)
         if len(self._pending) >= _MAX_PENDING_CALLS or (
             self.eager_checks and indices.device.type == "cpu"
         ):
             self._settle()
 
+    def _own(self, indices: torch.Tensor) -> torch.Tensor:
+        """A 1-D int64 copy of ``indices`` (on the host for a host allocator).
+
+        Why a copy: callers free views (a row of a request table) that they reuse, and the
+        queued call must keep the ids it was given.
+        """
+        if indices.dtype is not torch.int64:
+            indices = indices.reshape(-1).to(torch.int64)
+        elif indices.dim() == 1:
+            indices = indices.clone()
+        else:
+            indices = indices.reshape(-1).clone()
+        if self._on_host and not indices.is_cpu:
+            indices = indices.cpu()  # a host allocator keeps its queue on the host
+        return indices
+
+    def _enqueue(self, owned: torch.Tensor, *, settle_if_due: bool = True) -> None:
+        """Queue one free call that a composite owner already checked and copied (1-D int64 on
+        this allocator's device, never written again); its verdict comes back through
+        :attr:`_on_settled` with this very tensor."""
+        self._pending.append(owned)
+        if settle_if_due:
+            self._settle_if_due()
+
+    def _free_calls(self, calls: list[torch.Tensor]) -> None:
+        """End of a free group: each collected call is queued as a call of its own, so a bad
+        one is rejected alone (with the one error of the settle) and the others are applied.
+        All are queued before any settle, so an error cannot drop the group's later calls."""
+        self._pending.extend(self._own(c) for c in calls if c.numel())
+        self._settle_if_due()
+
     def check_frees(self) -> None:
         """Check and merge queued frees now, raising on a bad one (see the module doc)."""
         self._settle()
 
     def backup_state(self) -> object:
-        """A state that :meth:`restore_state` brings back exactly (undoing allocs and frees)."""
+        """A state that :meth:`restore_state` brings back exactly (undoing allocs and frees).
+
+        Queued frees are settled first, so they are part of the state; a bad one raises here,
+        after the good ones were applied, and no state is returned (call again).
+        """
         self._settle()
         return ("paged-slot-allocator", id(self), self._free.snapshot())
 
@@ -395,31 +477,10 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
         whole new pages. Returns the concatenated slots, or None (consuming nothing) when the new
         pages do not fit.
         """
-        prefixes = [int(x) for x in prefix_lens.reshape(-1).tolist()]
-        seqs = [int(x) for x in seq_lens.reshape(-1).tolist()]
-        lasts = [int(x) for x in last_loc.reshape(-1).tolist()]
-        if not len(prefixes) == len(seqs) == len(lasts):
-            raise AllocatorError("prefix_lens, seq_lens and last_loc must have the same length")
-        total = sum(s - p for p, s in zip(prefixes, seqs, strict=True))
-        if total != extend_num_tokens:
-            raise AllocatorError(
-                f"extend_num_tokens is {extend_num_tokens} "
-                f"but seq_lens - prefix_lens sum to {total}"
-            )
-        P = self.page_size
-        plan: list[tuple[int, int, int]] = []  # (first partial slot, partial count, new tokens)
-        new_pages = 0
-        for p, s, last in zip(prefixes, seqs, lasts, strict=True):
-            if s < p or p < 0:
-                raise AllocatorError(f"seq_len {s} is shorter than prefix_len {p}")
-            partial = min((-p) % P, s - p)
-            if partial:
-                self._check_last_loc(last, p)
-            rest = s - p - partial
-            plan.append((last + 1, partial, rest))
-            new_pages += -(-rest // P)
+        plan, new_pages = self._extend_plan(prefix_lens, seq_lens, last_loc, extend_num_tokens)
         if not self._reserve(new_pages):
             return None
+        P = self.page_size
         pages = self._free.take(new_pages)
         out: list[torch.Tensor] = []
         cursor = 0
@@ -433,39 +494,110 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
         result = torch.cat(out) if out else torch.empty(0, dtype=torch.int64)
         return self._out(result)
 
+    def _extend_plan(
+        self,
+        prefix_lens: torch.Tensor,
+        seq_lens: torch.Tensor,
+        last_loc: torch.Tensor,
+        extend_num_tokens: int,
+    ) -> tuple[list[tuple[int, int, int]], int]:
+        """Check an ``alloc_extend`` call without changing anything; return, per request,
+        (first partial slot, partial count, new tokens) and the number of new pages.
+        Composite allocators call it to reject a bad call before either side moves."""
+        prefixes = [int(x) for x in prefix_lens.reshape(-1).tolist()]
+        seqs = [int(x) for x in seq_lens.reshape(-1).tolist()]
+        lasts = [int(x) for x in last_loc.reshape(-1).tolist()]
+        if not len(prefixes) == len(seqs) == len(lasts):
+            raise AllocatorError("prefix_lens, seq_lens and last_loc must have the same length")
+        total = sum(s - p for p, s in zip(prefixes, seqs, strict=True))
+        if total != extend_num_tokens:
+            raise AllocatorError(
+                f"extend_num_tokens is {extend_num_tokens} "
+                f"but seq_lens - prefix_lens sum to {total}"
+            )
+        P = self.page_size
+        plan: list[tuple[int, int, int]] = []
+        continued: list[tuple[int, int]] = []  # (last_loc, tokens before) of continued pages
+        new_pages = 0
+        for p, s, last in zip(prefixes, seqs, lasts, strict=True):
+            if s < p or p < 0:
+                raise AllocatorError(f"seq_len {s} is shorter than prefix_len {p}")
+            partial = min((-p) % P, s - p)
+            if partial:
+                continued.append((last, p))
+            rest = s - p - partial
+            plan.append((last + 1, partial, rest))
+            new_pages += -(-rest // P)
+        self._check_last_locs(continued)
+        return plan, new_pages
+
     def alloc_decode(self, seq_lens: torch.Tensor, last_loc: torch.Tensor) -> torch.Tensor | None:
         """One slot per request; ``seq_lens`` include the new token."""
+        lasts, needs_page = self._decode_plan(seq_lens, last_loc)
+        fresh_pages = sum(needs_page)
+        if not self._reserve(fresh_pages):
+            return None
+        P = self.page_size
+        pages = iter(self._free.take(fresh_pages).tolist())
+        result = [
+            next(pages) * P if fresh else last + 1
+            for last, fresh in zip(lasts, needs_page, strict=True)
+        ]
+        return self._out(torch.tensor(result, dtype=torch.int64))
+
+    def _decode_plan(
+        self, seq_lens: torch.Tensor, last_loc: torch.Tensor
+    ) -> tuple[list[int], list[bool]]:
+        """Check an ``alloc_decode`` call without changing anything; return the last slots and
+        which requests start a new page.
+
+        Every request with a prefix must name a slot it holds: a ``last_loc`` in a free page
+        (settled or still queued) means the caller's table is stale, and handing out the slot
+        after it, or a page as if the request were fine, would corrupt another request.
+        """
         seqs = [int(x) for x in seq_lens.reshape(-1).tolist()]
         lasts = [int(x) for x in last_loc.reshape(-1).tolist()]
         if len(seqs) != len(lasts):
             raise AllocatorError("seq_lens and last_loc must have the same length")
         P = self.page_size
         needs_page = [(s - 1) % P == 0 for s in seqs]
+        every = self._check_every_last_loc
+        checked: list[tuple[int, int]] = []
         for s, last, fresh in zip(seqs, lasts, needs_page, strict=True):
             if s < 1:
                 raise AllocatorError(f"seq_len must be >= 1 for decode, got {s}")
-            if not fresh:
-                self._check_last_loc(last, s - 1)
-        if not self._reserve(sum(needs_page)):
-            return None
-        pages = self._free.take(sum(needs_page)).tolist()
-        result = [
-            pages.pop(0) * P if fresh else last + 1
-            for last, fresh in zip(lasts, needs_page, strict=True)
-        ]
-        return self._out(torch.tensor(result, dtype=torch.int64))
+            if s > 1 and (every or not fresh):
+                checked.append((last, s - 1))
+        self._check_last_locs(checked)
+        return lasts, needs_page
 
-    def _check_last_loc(self, last: int, tokens_before: int) -> None:
-        """A request's last slot must sit where its length says, or the pool is corrupted."""
+    def _check_last_locs(self, requests: list[tuple[int, int]]) -> None:
+        """Each ``(last_loc, tokens before)`` must be a held slot at the offset its length says.
+
+        Queued frees are settled first (only when there are some): a page freed a moment ago
+        is as free as one freed long ago. One vectorised read covers every request.
+        """
+        if not requests:
+            return
         P = self.page_size
-        if last < P or last >= self.size + P or last % P != (tokens_before - 1) % P:
-            raise AllocatorError(
-                f"last_loc {last} cannot be the last slot of a request holding "
-                f"{tokens_before} tokens with page_size {P}"
-            )
+        for last, tokens_before in requests:
+            if last < P or last >= self.size + P or last % P != (tokens_before - 1) % P:
+                raise AllocatorError(
+                    f"last_loc {last} cannot be the last slot of a request holding "
+                    f"{tokens_before} tokens with page_size {P}"
+                )
+        if self._pending:
+            self._settle()
         self._free.sync_marks()
-        if bool(self._free.is_free[last // P]):
-            raise AllocatorError(f"last_loc {last} lies in page {last // P}, which is free")
+        lasts = torch.tensor([last for last, _ in requests], dtype=torch.int64)
+        free = torch.index_select(self._free.is_free, 0, lasts // P).bool()
+        if bool(free.any()):
+            last = int(lasts[free][0])
+            where = f"slot {last}" if P == 1 else f"page {last // P}"
+            raise AllocatorError(
+                f"last_loc {last} lies in {where}, which is free: the request's slots were "
+                "freed (or never allocated) and its table is stale"
+            )
 
 
 class TokenSlotAllocator(PagedSlotAllocator):

@@ -23,7 +23,7 @@ class RequestWorkload(RuleBasedStateMachine):
     """Requests grow by extend and decode and get freed; a plain-Python model tracks the truth.
 
     Checked after every step: no slot is handed out twice, each request's token ``i`` sits at
-    offset ``i % P`` of its page, ``available_size`` equals free pages times P, and
+    offset ``i % P`` of its page; now and then ``available_size`` equals free pages times P;
     backup/restore brings back exactly the saved state.
     """
 
@@ -160,11 +160,19 @@ class RequestWorkload(RuleBasedStateMachine):
                 if i < len(self.requests):
                     assert slot % P == j % P, "token not at its page offset"
                 assert owners.setdefault(slot // P, i) == i, "two requests share a page"
-        assert self.alloc.available_size() == self.SIZE - len(self.pages_in_use()) * P
+
+    @rule()
+    @precondition(lambda self: self.alloc is not None)
+    def sizes(self):
+        """Exact sizes, only now and then: ``available_size`` settles queued frees, and
+        settling after every step would hide the paths where they settle on their own."""
+        assert self.alloc.available_size() == self.SIZE - len(self.pages_in_use()) * self.page_size
 
 
 TestRequestWorkload = RequestWorkload.TestCase
-TestRequestWorkload.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+TestRequestWorkload.settings = settings(
+    max_examples=30, stateful_step_count=30, deadline=None, derandomize=True
+)
 
 
 def test_allocators_satisfy_protocols():
@@ -324,3 +332,182 @@ def test_offload_pass_through_forwards_every_argument_by_keyword():
     assert alloc.get_cpu_copy(idx, mamba_indices=m) == "snapshot"
     alloc.load_cpu_copy("snapshot", idx, mamba_indices=m)
     assert pool.calls[0][2]["mamba_indices"] is m and pool.calls[1][2]["mamba_indices"] is m
+
+
+# -- issue 7 regressions: every test below failed before its fix ---------------------------------
+
+from tests.allocators import _factories as fx  # noqa: E402
+
+
+def _swa(page_size: int = 1):
+    return fx.swa_alloc(320, 320, page_size)
+
+
+def _one_error(calls) -> DoubleFreeError:
+    """Run ``calls`` (then ``check_frees``) and return the single DoubleFreeError they raise."""
+    errors = []
+    for call in calls:
+        try:
+            call()
+        except DoubleFreeError as exc:
+            errors.append(exc)
+    assert len(errors) == 1, errors
+    return errors[0]
+
+
+@pytest.mark.parametrize("page_size", [1, 2])
+def test_swa_free_rejected_at_the_queue_bound_still_frees_the_window_side(page_size):
+    alloc = _swa(page_size)
+    P = page_size
+    s = alloc.alloc(130 * P)
+    calls = [lambda: alloc.free(s[:1]), lambda: alloc.free(s[:1])]  # the second is a double free
+    calls += [lambda i=i: alloc.free(s[i * P : (i + 1) * P]) for i in range(1, 130)]
+    error = _one_error([*calls, alloc.check_frees])
+    assert f"{'slot' if P == 1 else 'page'} {int(s[0]) // P} " in str(error)
+    assert alloc.full_available_size() == alloc.swa_available_size() == 320
+    assert (alloc.full_to_swa_index_mapping[:-1] == 0).all()
+
+
+@pytest.mark.parametrize("page_size", [1, 2])
+def test_hisparse_free_rejected_at_the_queue_bound_still_drops_residency(page_size):
+    alloc = fx.hisparse_alloc(160 * page_size, page_size, ratio=2)
+    P = page_size
+    s = alloc.alloc(130 * P)
+    calls = [lambda: alloc.free(s[:1]), lambda: alloc.free(s[:1])]
+    calls += [lambda i=i: alloc.free(s[i * P : (i + 1) * P]) for i in range(1, 130)]
+    _one_error([*calls, alloc.check_frees])
+    assert alloc.logical_available_size() == 320 * P
+    assert alloc.device_available_size() == 160 * P
+    again = alloc.alloc_logical_only(320 * P)
+    assert again is not None
+    assert (alloc.translate_loc_to_device(again) == -1).all(), "handed out still resident"
+
+
+GROUP_MAKERS = {
+    "mha": lambda: fx.paged(16, 1),
+    "mha-paged": lambda: fx.paged(16, 4),
+    "mla": lambda: fx.mla(16, 1),
+    "mamba": lambda: fx.hybrid(16, 1),
+    "mamba-paged": lambda: fx.hybrid(16, 4),
+    "swa": lambda: fx.swa_alloc(16, 16, 1),
+    "swa-paged": lambda: fx.swa_alloc(16, 16, 4),
+    "hisparse": lambda: fx.hisparse_alloc(8, 1),
+    "hisparse-paged": lambda: fx.hisparse_alloc(16, 4),
+}
+
+
+def _sizes(alloc) -> dict[str, int]:
+    """Every size the allocator reports (each side of a composite too)."""
+    names = ["available_size", "full_available_size", "swa_available_size"]
+    names += ["logical_available_size", "device_available_size"]
+    return {n: getattr(alloc, n)() for n in names if hasattr(alloc, n)}
+
+
+@pytest.mark.parametrize("kind", sorted(GROUP_MAKERS))
+def test_a_double_free_inside_a_group_rejects_only_that_call(kind):
+    alloc = GROUP_MAKERS[kind]()
+    P = alloc.page_size
+    before = _sizes(alloc)
+    a, b = alloc.alloc(P), alloc.alloc(P)
+    alloc.free_group_begin()
+    alloc.free(a)
+    alloc.free(a)
+    alloc.free(b)
+    error = _one_error([alloc.free_group_end, alloc.check_frees])
+    assert f"{'slot' if P == 1 else 'page'} {int(a[0]) // P} " in str(error)
+    assert _sizes(alloc) == before, "a legitimate free of the group was dropped"
+    if hasattr(alloc, "full_to_swa_index_mapping"):
+        assert (alloc.full_to_swa_index_mapping[:-1] == 0).all()
+
+
+@pytest.mark.parametrize("kind", sorted(GROUP_MAKERS))
+def test_backup_keeps_queued_frees(kind):
+    alloc = GROUP_MAKERS[kind]()
+    P = alloc.page_size
+    total = alloc.available_size()
+    a, b = alloc.alloc(2 * P), alloc.alloc(P)
+    alloc.free(a)  # queued, not settled
+    state = alloc.backup_state()
+    alloc.free(b)
+    assert alloc.alloc(total - P) is not None
+    alloc.restore_state(state)
+    assert alloc.available_size() == total - P
+    if hasattr(alloc, "swa_available_size"):
+        assert alloc.swa_available_size() == total - P
+    if hasattr(alloc, "device_available_size"):
+        assert alloc.device_available_size() == total - P
+
+
+DECODE_MAKERS = {
+    "token": lambda: fx.paged(16, 1),
+    "paged": lambda: fx.paged(16, 4),
+    "swa": lambda: fx.swa_alloc(16, 16, 1),
+    "swa-paged": lambda: fx.swa_alloc(16, 16, 4),
+    "hisparse": lambda: fx.hisparse_alloc(8, 1),
+    "hisparse-paged": lambda: fx.hisparse_alloc(16, 4),
+}
+
+
+@pytest.mark.parametrize("settled", [False, True])
+@pytest.mark.parametrize("kind", sorted(DECODE_MAKERS))
+def test_alloc_decode_rejects_a_last_loc_in_a_free_page(kind, settled):
+    alloc = DECODE_MAKERS[kind]()
+    total = alloc.available_size()
+    req = alloc.alloc_extend(torch.tensor([0]), torch.tensor([2]), torch.tensor([-1]), 2)
+    alloc.free(req)  # the request's table row is now stale
+    if settled:
+        alloc.check_frees()
+    with pytest.raises(AllocatorError, match=rf"last_loc {int(req[-1])} .*free"):
+        alloc.alloc_decode(torch.tensor([3]), req[-1:])
+    assert alloc.available_size() == total
+
+
+# -- per-call verdicts of composites: the corner cases the state machines found ------------------
+
+
+def test_swa_rejected_call_does_not_bring_back_window_slots_evicted_meanwhile():
+    alloc = fx.swa_alloc(16, 8)
+    a, b = alloc.alloc(2), alloc.alloc(2)
+    alloc.free(torch.tensor([int(a[0]), int(a[0])]))  # rejected later: a[0] is named twice
+    alloc.free_swa(a[:1])  # the prefix cache evicts a[0] from the window meanwhile
+    with pytest.raises(DoubleFreeError, match=rf"slot {int(a[0])} is freed twice"):
+        alloc.check_frees()
+    assert alloc.translate_loc_from_full_to_swa(a).tolist()[0] == 0
+    assert alloc.full_available_size() == 12 and alloc.swa_available_size() == 5
+    # and a rejected call whose slot a later call of the batch frees releases it exactly once
+    alloc.free(torch.tensor([int(b[0]), int(b[0])]))
+    alloc.free(b)
+    with pytest.raises(DoubleFreeError, match=rf"slot {int(b[0])} is freed twice"):
+        alloc.check_frees()
+    assert alloc.full_available_size() == 14 and alloc.swa_available_size() == 7
+
+
+def test_hisparse_rejected_call_does_not_bring_back_residency_dropped_meanwhile():
+    alloc = fx.hisparse_alloc(8, 1)
+    a, b = alloc.alloc(2), alloc.alloc(2)
+    alloc.free(torch.tensor([int(a[0]), int(a[0])]))  # rejected later
+    alloc.free_device(a[:1])  # residency dropped meanwhile
+    with pytest.raises(DoubleFreeError, match=rf"slot {int(a[0])} is freed twice"):
+        alloc.check_frees()
+    assert alloc.translate_loc_to_device(a).tolist()[0] == -1
+    assert alloc.logical_available_size() == 12 and alloc.device_available_size() == 5
+    alloc.free(torch.tensor([int(b[0]), int(b[0])]))
+    alloc.free(b)  # frees b[0] in the same batch: its residency must not come back
+    with pytest.raises(DoubleFreeError, match=rf"slot {int(b[0])} is freed twice"):
+        alloc.check_frees()
+    assert (alloc.translate_loc_to_device(b) == -1).all()
+    assert alloc.logical_available_size() == 14 and alloc.device_available_size() == 7
+
+
+def test_mamba_slot_backup_is_a_copy():
+    from kvcache_plugins._mamba_state import MambaSlotAllocator
+
+    alloc = MambaSlotAllocator(6)
+    held = alloc.alloc(2)
+    state = alloc.backup_state()
+    more = alloc.alloc(3)
+    alloc.free(more[2:])  # writes the free stack in place, where the backup's slots were
+    alloc.free(held)
+    alloc.restore_state(state)
+    assert alloc.available_size() == 4
+    assert sorted(alloc.alloc(4).tolist()) == [3, 4, 5, 6]
