@@ -72,6 +72,25 @@ class FreeGroup:
             raise AllocatorError("free_group_begin called twice without free_group_end")
         self._group = []
 
+    def _flush_group(self) -> None:
+        """Free what an open group collected so far, keeping the group open.
+
+        ``backup_state`` calls this first: a free called before the backup is part of the state
+        it saves, whether or not a group was open, so ``restore_state`` never loses it and
+        ``free_group_end`` never frees it a second time. A bad call raises here, after every
+        good one was applied (the group stays open and empty).
+        """
+        if self._group:
+            calls, self._group = self._group, []
+            self._free_calls(calls)
+
+    def _forget_collected(self) -> None:
+        """Drop the frees an open group collected (``restore_state`` undoes every free since
+        the backup, which flushed the group); an open group stays open, so the caller's
+        ``free_group_end`` still pairs with its ``free_group_begin``."""
+        if self._group is not None:
+            self._group = []
+
     def free_group_end(self) -> None:
         """Free the collected calls, each as its own call (see the module doc)."""
         group, self._group = self._group, None

@@ -314,6 +314,7 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
 
     # -- state -----------------------------------------------------------------------------
     def backup_state(self) -> object:
+        self._flush_group()
         return (
             _STATE_TAG,
             id(self),
@@ -331,7 +332,7 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         self._held.clear()
         self._device.restore_state(state[3])
         self._page_map.copy_(state[4])
-        self._group = None
+        self._forget_collected()
         self._rebuild_table()
 
     def clear(self) -> None:

@@ -239,6 +239,7 @@ class MambaSlotAllocator(FreeGroup):
 
     def backup_state(self) -> object:
         """The free slots, copied: the stack is written in place, so a reference would not do."""
+        self._flush_group()
         return ("mamba-slot-allocator", id(self), self._stack[: self._top].clone())
 
     def restore_state(self, state: object) -> None:
@@ -251,7 +252,7 @@ class MambaSlotAllocator(FreeGroup):
         ):
             raise AllocatorError("restore_state got a state this allocator did not back up")
         free = state[2]
-        self._group = None
+        self._forget_collected()
         self._top = free.numel()
         self._stack[: self._top] = free
         self._is_free.fill_(False)

@@ -380,6 +380,7 @@ class SWASlotAllocator(FreeGroup):
 
         The full side settles first (its verdicts free window slots), then the window side.
         """
+        self._flush_group()
         return (
             "swa-slot-allocator",
             id(self),
@@ -400,6 +401,7 @@ class SWASlotAllocator(FreeGroup):
         self._held.clear()
         self.swa_attn_allocator.restore_state(state[3])
         self.full_to_swa_index_mapping.copy_(state[4])
+        self._forget_collected()
 
     def clear(self) -> None:
         """Free every slot on both sides; the table goes back to all 0 and the trailing -1."""

@@ -437,6 +437,7 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
         Queued frees are settled first, so they are part of the state; a bad one raises here,
         after the good ones were applied, and no state is returned (call again).
         """
+        self._flush_group()
         self._settle()
         return ("paged-slot-allocator", id(self), self._free.snapshot())
 
@@ -453,6 +454,7 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
             raise AllocatorError("restore_state got a state this allocator did not back up")
         self._pending.clear()
         self._free.restore(state[2])
+        self._forget_collected()
 
     def clear(self) -> None:
         """Free every slot but the reserved slot 0."""
