@@ -68,11 +68,7 @@ def _settings(args: argparse.Namespace) -> DemoSettings:
         if args.page_size <= 0:
             raise ValueError("--page-size must be positive")
         settings = DemoSettings(
-            requests=args.requests,
-            budget=args.budget,
-            seed=args.seed,
-            page_size=args.page_size,
-            page_size_overrides={},
+            requests=args.requests, budget=args.budget, seed=args.seed, page_size=args.page_size
         )
     least = smallest_budget(settings)
     if settings.budget < least:

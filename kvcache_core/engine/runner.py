@@ -9,11 +9,10 @@ an error for that pool only; the other pools still run.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from functools import partial
-from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -51,17 +50,6 @@ __all__ = [
 #: HiSparse: logical slots per device slot (the budget counts logical slots).
 HISPARSE_RATIO = 2
 
-#: See ``DemoSettings.page_size_overrides``.
-PAGE_SIZE_OVERRIDES: Mapping[str, tuple[int, str]] = MappingProxyType(
-    {
-        "hisparse": (
-            1,
-            "page size 1: at page size > 1 a partial page made resident again by "
-            "alloc_decode serves stale device rows (known HiSparse pool bug)",
-        )
-    }
-)
-
 #: Which Protocols a model kind needs from the pool it runs on.
 _NEEDS: dict[str, tuple[type, ...]] = {
     "mha": (OffloadablePool,),
@@ -83,20 +71,6 @@ class DemoSettings:
     page_size: int = 4
     max_running: int = 8
     shape: ModelShape = field(default_factory=ModelShape)
-    #: Page size per model kind where the default must differ, with the reason (shown to the
-    #: user). HiSparse: a partial page that becomes resident again (``alloc_decode`` after
-    #: ``free_device``) serves stale device rows at page size > 1, a pool bug being fixed; at
-    #: page size 1 no page is ever partial. Pass ``page_size_overrides={}`` to see the bug.
-    page_size_overrides: Mapping[str, tuple[int, str]] = field(
-        default_factory=lambda: dict(PAGE_SIZE_OVERRIDES)
-    )
-
-    def page_for(self, kind: str) -> tuple[int, str | None]:
-        """The page size a model kind runs with, and why it is not ``page_size``."""
-        if kind in self.page_size_overrides:
-            page, why = self.page_size_overrides[kind]
-            return page, why
-        return self.page_size, None
 
 
 @dataclass
@@ -207,7 +181,7 @@ def _ample_budget(requests: Sequence[Request], page: int) -> int:
 
 def smallest_budget(settings: DemoSettings) -> int:
     """The least ``budget`` that holds the longest request alone (with a spare page)."""
-    page = max([settings.page_size, *(p for p, _ in settings.page_size_overrides.values())])
+    page = settings.page_size
     requests = make_requests(settings.requests, settings.seed, settings.shape.vocab)
     return max(_round_up(len(r.prompt) + r.max_new, page) + page for r in requests)
 
@@ -284,7 +258,7 @@ def _run_pool(
     create: Callable[[PoolConfig], tuple[Any, Any]],
 ) -> PoolReport:
     # Without the paged capability the allocator only has alloc(n): one slot per page.
-    page, note = settings.page_for(kind)
+    page, note = settings.page_size, None
     if Capability.PAGED not in spec.capabilities:
         page, note = 1, "page size 1: no 'paged' capability (alloc only)"
     report = PoolReport(name, "error", model=kind, page_size=page, note=note)

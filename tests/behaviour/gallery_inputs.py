@@ -14,7 +14,6 @@ from __future__ import annotations
 import torch
 
 from kvcache_core import (
-    AllocatorError,
     Capability,
     KVSnapshot,
     KVWriteLoc,
@@ -72,35 +71,7 @@ class UndercountPool(MHATokenToKVPool):
         return self._k.nbytes
 
 
-class SoundAllocator(PagedSlotAllocator):
-    """The built-in paged allocator without its three known bugs (fixed in another branch):
-    a bad free in a free group took the group's other frees down, a backup taken inside a
-    group forgot the frees collected so far, and a decode did not see queued frees when
-    checking ``last_loc``. Every gallery pool uses it, so each differs from a correct pool by
-    its one deliberate bug and fails exactly one check, today and after that fix."""
-
-    def _release_group(self) -> None:
-        group, self._group = self._group, None
-        for indices in group or []:
-            self.free(indices)  # one queued call each: a bad one cannot take the others down
-
-    def free_group_end(self) -> None:
-        if self._group is None:
-            raise AllocatorError("free_group_end called without free_group_begin")
-        self._release_group()
-
-    def backup_state(self) -> object:
-        if self._group is not None:
-            self._release_group()
-            self._group = []
-        return super().backup_state()
-
-    def _check_last_loc(self, last: int, tokens_before: int) -> None:
-        self._settle()
-        super()._check_last_loc(last, tokens_before)
-
-
-class TwiceAllocator(SoundAllocator):
+class TwiceAllocator(PagedSlotAllocator):
     """Remembers the first page it was given back and hands it out again with every alloc."""
 
     _recycled: int | None = None
@@ -120,7 +91,7 @@ class TwiceAllocator(SoundAllocator):
         return out
 
 
-class DropsMambaOnReload(SoundAllocator):
+class DropsMambaOnReload(PagedSlotAllocator):
     """Accepts ``mamba_indices`` on reload and does not pass it on (the pool's default wins)."""
 
     def load_cpu_copy(
@@ -158,19 +129,19 @@ def _spec(name: str, pool_class: type, allocator_class: type, factory: object) -
     )
 
 
-def _half_write(config: PoolConfig) -> tuple[MHATokenToKVPool, SoundAllocator]:
+def _half_write(config: PoolConfig) -> tuple[MHATokenToKVPool, PagedSlotAllocator]:
     pool = _mha(config, HalfWritePool)
-    return pool, SoundAllocator(config.size, config.page_size, pool)
+    return pool, PagedSlotAllocator(config.size, config.page_size, pool)
 
 
-def _raw_index_error(config: PoolConfig) -> tuple[MHATokenToKVPool, SoundAllocator]:
+def _raw_index_error(config: PoolConfig) -> tuple[MHATokenToKVPool, PagedSlotAllocator]:
     pool = _mha(config, RawIndexErrorPool)
-    return pool, SoundAllocator(config.size, config.page_size, pool)
+    return pool, PagedSlotAllocator(config.size, config.page_size, pool)
 
 
-def _undercount(config: PoolConfig) -> tuple[MHATokenToKVPool, SoundAllocator]:
+def _undercount(config: PoolConfig) -> tuple[MHATokenToKVPool, PagedSlotAllocator]:
     pool = _mha(config, UndercountPool)
-    return pool, SoundAllocator(config.size, config.page_size, pool)
+    return pool, PagedSlotAllocator(config.size, config.page_size, pool)
 
 
 def _twice(config: PoolConfig) -> tuple[MHATokenToKVPool, TwiceAllocator]:
@@ -187,15 +158,15 @@ def _drops_mamba(config: PoolConfig) -> tuple[MHATokenToKVPool, DropsMambaOnRelo
 GALLERY: list[tuple[str, PoolSpec]] = [
     (
         "bad-write-rejected",
-        _spec("gallery-half-write", HalfWritePool, SoundAllocator, _half_write),
+        _spec("gallery-half-write", HalfWritePool, PagedSlotAllocator, _half_write),
     ),
     (
         "bad-offload-rejected",
-        _spec("gallery-raw-index-error", RawIndexErrorPool, SoundAllocator, _raw_index_error),
+        _spec("gallery-raw-index-error", RawIndexErrorPool, PagedSlotAllocator, _raw_index_error),
     ),
     (
         "kv-size-bytes",
-        _spec("gallery-size-undercount", UndercountPool, SoundAllocator, _undercount),
+        _spec("gallery-size-undercount", UndercountPool, PagedSlotAllocator, _undercount),
     ),
     (
         "allocator-state-machine",

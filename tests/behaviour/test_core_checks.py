@@ -58,16 +58,6 @@ def test_the_core_checks_are_registered():
     assert BATTERY["offload-roundtrip"].requires == {"offload"}
 
 
-#: Built-in bugs these checks catch, being fixed elsewhere: pool -> {check id: why}. Once a
-#: fix lands the test below fails until the entry is removed, so the list cannot rot.
-KNOWN_BUGS: dict[str, dict[str, str]] = {
-    "hisparse": {
-        "write-readback": "alloc_extend makes an evicted partial page resident again without "
-        "copying its logical rows to the device page, so its earlier tokens read stale rows",
-    },
-}
-
-
 @pytest.mark.parametrize("name", BUILTINS)
 def test_builtin_pools_pass_the_core_checks_quickly(name):
     spec = _builtin(name)
@@ -75,7 +65,7 @@ def test_builtin_pools_pass_the_core_checks_quickly(name):
     outcomes = _core_results(spec)
     took = time.perf_counter() - start
     failed = {c for c, o in outcomes.items() if o is not Outcome.PASSED}
-    assert failed == set(KNOWN_BUGS.get(name, {})), [
+    assert failed == set(), [
         f.message for r in run_spec(spec, only=sorted(failed)) for f in r.findings
     ]
     assert ("swa-loc-window" in outcomes) == (name == "swa")
@@ -136,17 +126,6 @@ def test_gallery_factories_are_importable_by_name():
     for _, spec in GALLERY:
         module = sys.modules[spec.factory.__module__]
         assert getattr(module, spec.factory.__qualname__) is spec.factory
-
-
-@pytest.mark.parametrize(
-    ("name", "check_id"),
-    [(name, check) for name, bugs in KNOWN_BUGS.items() for check in bugs],
-)
-def test_a_known_builtin_bug_reproduces_on_its_own(name, check_id):
-    (result,) = run_spec(_builtin(name), only=[check_id])
-    (finding,) = result.findings
-    with pytest.raises(AssertionError):
-        exec(finding.reproduction, {"__name__": "reproduction"})
 
 
 def _exec_steps(spec: PoolSpec, steps: list[str]) -> None:
@@ -234,13 +213,11 @@ def test_every_failure_path_emits_a_reproduction_that_holds_on_a_correct_pool(
         except BehaviourFailure as failure:
             monkeypatch.setattr(module, function, real)
             if calls[0] <= forced:  # a real failure before the forced comparison was reached
-                assert check_id in KNOWN_BUGS.get(name, {}), failure.message
-                break
+                pytest.fail(f"{name} fails {check_id}: {failure.message}")
             try:
                 exec(failure.reproduction, {"__name__": "reproduction"})
-            except AssertionError:  # only where the forced comparison is the known bug's own
-                assert check_id in KNOWN_BUGS.get(name, {}), failure.message
-                break
+            except AssertionError:  # the forced difference is fake: the snippet must pass
+                pytest.fail(f"{name} fails {check_id}: {failure.message}")
         else:
             break  # fewer comparisons than k: every path was forced once
         forced += 1

@@ -56,16 +56,13 @@ def test_a_pool_that_raises_is_reported_and_the_others_still_run(broken, registr
     assert "mamba_allocator" in (reports[2].reason or "")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="HiSparse bug (being fixed): a partial page made resident again by alloc_decode "
-    "serves stale device rows at page size > 1; the demo runs HiSparse at page size 1 until "
-    "then. When this passes, drop PAGE_SIZE_OVERRIDES in kvcache_core/engine/runner.py.",
-)
 def test_hisparse_at_page_size_4(registry):
-    settings = DemoSettings(requests=3, budget=56, page_size_overrides={})
+    """Evicted partial pages made resident again by ``alloc_decode`` must serve what the store
+    holds (issue 7: they served stale device rows, and the tokens differed)."""
+    settings = DemoSettings(requests=3, budget=72, page_size=4)
     report = run_pool("hisparse", registry.spec("hisparse"), settings)
     assert report.status == "identical", report.reason or report.differing_requests
+    assert report.constrained is not None and report.constrained.evictions > 0
 
 
 def test_window_slots_that_left_the_window_are_given_back(registry):
