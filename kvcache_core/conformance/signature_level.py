@@ -72,14 +72,30 @@ def _code_names(code: CodeType) -> set[str]:
 
 
 def _last_line(code: CodeType) -> int:
+    """The last line any instruction of ``code`` (or code nested in it) starts on."""
     last = code.co_firstlineno
-    for _, end, _, _ in code.co_positions():
-        if end is not None and end > last:
-            last = end
+    for _, _, line in code.co_lines():
+        if line is not None and line > last:
+            last = line
     for const in code.co_consts:
         if isinstance(const, CodeType):
             last = max(last, _last_line(const))
     return last
+
+
+def _own_lines(lines: list[str], code: CodeType) -> str:
+    """The source lines of ``code``'s ``def``: up to the line its last statement starts on,
+    then on while lines are blank or indented deeper than the ``def`` (that statement's tail)."""
+    start = code.co_firstlineno
+    first = lines[start - 1]
+    indent = len(first) - len(first.lstrip())
+    end = _last_line(code)
+    while end < len(lines):
+        following = lines[end]
+        if following.strip() and len(following) - len(following.lstrip()) <= indent:
+            break
+        end += 1
+    return "".join(lines[start - 1 : end])
 
 
 def _parse_lines(
@@ -118,8 +134,7 @@ def _function_ast(func: Callable[..., object]) -> tuple[FunctionNode, str | None
         lines = linecache.getlines(path)
         start = code.co_firstlineno
         if lines and 0 < start <= len(lines):
-            text = "".join(lines[start - 1 : _last_line(code)])
-            found = _parse_lines(text, code.co_name, path, start)
+            found = _parse_lines(_own_lines(lines, code), code.co_name, path, start)
     if found is None:
         try:
             src, first = inspect.getsourcelines(func)
