@@ -518,3 +518,30 @@ def test_builtin_pools_have_no_warnings_and_no_notes():
 def test_warnings_of_an_unknown_pool_raise_unknown_pool():
     with pytest.raises(UnknownPoolError, match="no accepted pool named 'nope'"):
         discover(allow=["mha"]).warnings("nope")
+
+
+ODD_LAYOUT = '''
+class OddLayoutAllocator(PagedSlotAllocator):
+    def get_cpu_copy(self, indices, mamba_indices=None):
+        doc = """
+a string at column 0 inside the body
+"""
+        return self.get_kvcache().get_cpu_copy(indices, doc and """
+""")
+'''
+
+
+def test_body_rules_read_methods_whose_lines_end_at_column_0(fake_site):
+    install(fake_site, _hook(f"[{_spec('odd', allocator_class='OddLayoutAllocator')}]", ODD_LAYOUT))
+    registry = discover(allow=["probe"])
+    entry = registry.accepted["odd"]
+    assert entry.notes == ()
+    (warning,) = entry.warnings
+    assert (warning.rule, warning.method, warning.parameter) == (
+        "parameter-not-forwarded",
+        "get_cpu_copy",
+        "mamba_indices",
+    )
+    path = Path(warning.impl_location.path)
+    line = path.read_text(encoding="utf-8").splitlines()[warning.impl_location.line - 1]
+    assert line.strip().startswith("return self.get_kvcache().get_cpu_copy(indices, doc and")
