@@ -545,3 +545,14 @@ def test_body_rules_read_methods_whose_lines_end_at_column_0(fake_site):
     path = Path(warning.impl_location.path)
     line = path.read_text(encoding="utf-8").splitlines()[warning.impl_location.line - 1]
     assert line.strip().startswith("return self.get_kvcache().get_cpu_copy(indices, doc and")
+
+
+def test_identical_methods_in_two_files_each_point_at_their_own_file(fake_site):
+    # Equal code objects compare equal whatever their file: the parse cache must not mix them.
+    source = _hook(f"[{_spec('__NAME__', pool_class='RawLocPool')}]", WRITELOC)
+    install(fake_site, source.replace("__NAME__", "left"), ep="left", dist="kv-left")
+    install(fake_site, source.replace("__NAME__", "right"), ep="right", dist="kv-right")
+    registry = discover(allow=["left", "right"])
+    for name in ("left", "right"):
+        (warning,) = registry.warnings(name)
+        assert Path(warning.impl_location.path).name == f"kvprobe_{name}.py"

@@ -58,8 +58,9 @@ def _defining_class(cls: type, name: str) -> type | None:
 
 
 FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
-#: Parsed bodies by code object: an inherited method is read once however many classes share it.
-_PARSED: dict[CodeType, tuple[FunctionNode, str | None, int] | None] = {}
+#: Parsed bodies by (file, code object): an inherited method is read once however many classes
+#: share it. Equal code objects can come from different files (code equality ignores the file).
+_PARSED: dict[tuple[str, CodeType], tuple[FunctionNode, str | None, int] | None] = {}
 
 
 def _code_names(code: CodeType) -> set[str]:
@@ -125,8 +126,9 @@ def _function_ast(func: Callable[..., object]) -> tuple[FunctionNode, str | None
     through ``linecache``); ``inspect.getsourcelines`` is the fallback. Never raises.
     """
     code = getattr(func, "__code__", None)
-    if isinstance(code, CodeType) and code in _PARSED:
-        return _PARSED[code]
+    key = (code.co_filename, code) if isinstance(code, CodeType) else None
+    if key is not None and key in _PARSED:
+        return _PARSED[key]
     found = None
     if isinstance(code, CodeType):
         path = code.co_filename
@@ -143,8 +145,8 @@ def _function_ast(func: Callable[..., object]) -> tuple[FunctionNode, str | None
             pass
         else:
             found = _parse_lines("".join(src), getattr(func, "__name__", ""), source_file, first)
-    if isinstance(code, CodeType):
-        _PARSED[code] = found
+    if key is not None:
+        _PARSED[key] = found
     return found
 
 
