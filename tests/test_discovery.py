@@ -510,7 +510,7 @@ def test_unreadable_source_is_a_note_and_never_a_crash(fake_site):
 
 def test_builtin_pools_have_no_warnings_and_no_notes():
     registry = discover()
-    assert registry.names() == ["dsa", "hisparse", "mamba", "mha", "mla", "swa"]
+    assert {"dsa", "hisparse", "mamba", "mha", "mla", "swa"} <= set(registry.names())
     for name in registry.names():
         assert registry.accepted[name].source_findings == (), name
 
