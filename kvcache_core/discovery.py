@@ -4,14 +4,22 @@ Each entry point in the ``kvcache.pools`` group is loaded in isolation: an excep
 importing a plugin, while registering it with pluggy or while calling its hook rejects *that*
 plugin (with a one-line traceback summary) and the others still load. Every spec is then
 validated with the checker's signature level, the same comparison ``kvcache check`` runs.
+
+The checker's body rules (``not-implemented``, ``parameter-not-forwarded``,
+``writeloc-not-unwrapped``) are source findings: they do not reject a pool, they are warnings on
+the accepted pool (``AcceptedPool.warnings``, ``Registry.warnings(name)``), computed from the
+methods' own lines the first time they are asked for; ``discover(strict=True)`` computes them
+at once and rejects a pool that has any.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import traceback
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 from importlib import metadata
 from types import ModuleType
 from typing import Any
@@ -19,8 +27,9 @@ from typing import Any
 import pluggy
 
 from . import hookspecs
-from .conformance.methods import contract_methods
-from .conformance.model import Finding
+from .conformance.methods import BODY_RULES, contract_methods
+from .conformance.model import Finding, Location
+from .conformance.rules import Severity
 from .conformance.signature.level import signature_findings
 from .contracts.pool import KVPool
 from .contracts.spec import (
@@ -63,8 +72,28 @@ class PluginInfo:
 
 @dataclass(frozen=True)
 class AcceptedPool:
+    """A validated pool, with the source findings (warnings) discovery does not reject for."""
+
     spec: PoolSpec
     plugin: PluginInfo
+
+    @cached_property
+    def source_findings(self) -> tuple[Finding, ...]:
+        """Body-rule warnings, then notes on methods whose source could not be analysed.
+
+        Computed on first access (reading only the methods the rules need), then kept.
+        """
+        return _source_findings(self.spec)
+
+    @property
+    def warnings(self) -> tuple[Finding, ...]:
+        """What ``kvcache check`` would report from the methods' bodies, as warnings."""
+        return tuple(f for f in self.source_findings if f.severity is Severity.WARNING)
+
+    @property
+    def notes(self) -> tuple[Finding, ...]:
+        """Methods whose bodies could not be analysed (no source file, unparsable source)."""
+        return tuple(f for f in self.source_findings if f.severity is Severity.NOTE)
 
 
 @dataclass(frozen=True)
@@ -75,6 +104,8 @@ class Rejection:
     reason: str
     pool: str | None = None
     findings: tuple[Finding, ...] = ()
+    #: The spec, when the plugin returned one (for its declared contract and capabilities).
+    spec: PoolSpec | None = None
 
     def __str__(self) -> str:
         what = (
@@ -93,6 +124,12 @@ class Registry:
 
     def names(self) -> list[str]:
         return sorted(self.accepted)
+
+    def warnings(self, name: str) -> tuple[Finding, ...]:
+        """Source findings of the accepted pool ``name`` (see :attr:`AcceptedPool.warnings`)."""
+        if name not in self.accepted:
+            self.spec(name)  # raises UnknownPoolError with the reason
+        return self.accepted[name].warnings
 
     def spec(self, name: str) -> PoolSpec:
         try:
@@ -131,20 +168,41 @@ def _summarise(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{where}"
 
 
-def validate_spec(spec: object) -> tuple[Finding, ...] | str:
-    """Fast checks of one spec: its type, contract version, and class signatures.
+def _describe(value: object) -> str:
+    """``int 5``, ``NoneType None``: a value's type and a short repr, for a reason."""
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{type(value).__name__} {text}"
 
-    Returns the error findings (empty when valid), or a reason string when the spec is not
-    even a ``PoolSpec`` of a compatible contract version.
-    """
+
+def _shape_problem(spec: object) -> str | None:
+    """Why ``spec`` cannot even be validated (not a spec, unknown contract, no classes)."""
+    if isinstance(spec, type):
+        if issubclass(spec, PoolSpec):
+            return "hook returned the class PoolSpec, not a PoolSpec: call it, PoolSpec(name=...)"
+        return f"hook returned the class {spec.__qualname__}, expected a PoolSpec instance"
     if not isinstance(spec, PoolSpec):
-        return f"hook returned {type(spec).__name__}, expected PoolSpec"
-    if spec.contract_version > CONTRACT_VERSION:
+        return f"hook returned {_describe(spec)}, expected PoolSpec"
+    version = spec.contract_version
+    if not isinstance(version, int) or isinstance(version, bool):
+        return f"contract_version must be an int, got {_describe(version)}"
+    if version > CONTRACT_VERSION:
         return (
-            f"declares contract {spec.contract_version}; this kvcache implements "
-            f"contract {CONTRACT_VERSION} (upgrade kvcache)"
+            f"built for contract {version}; this kvcache knows up to {CONTRACT_VERSION}: "
+            "upgrade kvcache"
         )
-    findings: list[Finding] = []
+    if version < 1:
+        return f"built for contract {version}, which does not exist (contracts start at 1)"
+    for role in ("pool_class", "allocator_class"):
+        cls = getattr(spec, role)
+        if not isinstance(cls, type):
+            return f"{role} is {_describe(cls)}, not a class"
+    return None
+
+
+def _class_checks(spec: PoolSpec) -> list[tuple[type, type, set[str]]]:
+    """(class, Protocol, methods) to check for ``spec``: each method of each class once."""
     checks: list[tuple[type, type]] = [
         (spec.pool_class, BASE_PROTOCOLS["pool"]),
         (spec.allocator_class, BASE_PROTOCOLS["allocator"]),
@@ -154,32 +212,114 @@ def validate_spec(spec: object) -> tuple[Finding, ...] | str:
         checks.append((spec.pool_class if role == "pool" else spec.allocator_class, proto))
     # Capability Protocols extend KVPool: check each method of each class once.
     done: dict[type, set[str]] = {}
+    out: list[tuple[type, type, set[str]]] = []
     for cls, proto in checks:
         todo = set(contract_methods(proto)) - done.setdefault(cls, set())
         done[cls] |= todo
-        findings.extend(f for f in signature_findings(cls, proto, methods=todo) if f.is_error)
-    return tuple(findings)
+        if todo:
+            out.append((cls, proto, todo))
+    return out
+
+
+def validate_spec(spec: object) -> tuple[Finding, ...] | str:
+    """Fast checks of one spec: its type, contract version, and class signatures.
+
+    Returns the error findings (empty when valid), or a reason string when the spec is not
+    even a ``PoolSpec`` of a compatible contract version, or when validating it raised. The
+    body rules are not run here (see :attr:`AcceptedPool.warnings`).
+    """
+    try:
+        problem = _shape_problem(spec)
+        if problem is not None:
+            return problem
+        assert isinstance(spec, PoolSpec)
+        findings: list[Finding] = []
+        for cls, proto, methods in _class_checks(spec):
+            findings.extend(
+                f for f in signature_findings(cls, proto, methods=methods) if f.is_error
+            )
+        return tuple(findings)
+    except Exception as exc:  # a class odd enough to break the comparison rejects its spec only
+        return f"validating the spec raised {_summarise(exc)}"
+
+
+def _class_name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _source_findings(spec: PoolSpec) -> tuple[Finding, ...]:
+    """The checker's body rules on an accepted spec: warnings, then notes. Never raises."""
+    warnings: list[Finding] = []
+    notes: list[Finding] = []
+
+    def note(cls: type, why: str) -> None:
+        notes.append(
+            Finding(
+                rule="load-error",
+                severity=Severity.NOTE,
+                message=f"body rules (not-implemented, parameter-not-forwarded, "
+                f"writeloc-not-unwrapped) not checked for {why}",
+                target=_class_name(cls),
+                hint="run `kvcache check` on the plugin's source files (`--level source`)",
+                impl_location=_where(cls),
+            )
+        )
+
+    for cls, proto, methods in _class_checks(spec):
+        unread: list[str] = []
+        try:
+            found = signature_findings(cls, proto, methods=methods, body_checks=True, unread=unread)
+        except Exception as exc:
+            note(cls, f"{cls.__qualname__}: {_summarise(exc)}")
+            continue
+        warnings += [replace(f, severity=Severity.WARNING) for f in found if f.rule in BODY_RULES]
+        for why in unread:
+            note(cls, why)
+    return (*warnings, *notes)
+
+
+def _where(cls: type) -> Location | None:
+    try:
+        path = inspect.getsourcefile(cls)
+    except (OSError, TypeError):
+        return None
+    return Location(path) if path else None
 
 
 def load_plugin_specs(
     pm: pluggy.PluginManager, info: PluginInfo, obj: object
 ) -> tuple[list[object], str | None]:
-    """Register one plugin object and call its hook alone; return its specs or a reason."""
+    """Register one plugin object and call its hook alone; return its specs or a reason.
+
+    Never raises (``KeyboardInterrupt`` aside): whatever a plugin does, even ``sys.exit()``,
+    rejects that plugin only.
+    """
     try:
         pm.register(obj, name=info.name)
-    except Exception as exc:  # pluggy validation of the hookimpl's signature, or a bad object
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # pluggy's validation of the hookimpl, or a bad object
         return [], f"could not register with pluggy: {_summarise(exc)}"
     impls = [i for i in pm.hook.kvcache_pool_specs.get_hookimpls() if i.plugin_name == info.name]
     if not impls:
+        if callable(getattr(obj, "kvcache_pool_specs", None)):
+            return [], "defines kvcache_pool_specs() without the @hookimpl marker"
         return [], "implements no kvcache_pool_specs() hook"
     specs: list[object] = []
     for impl in impls:
         try:
             result = impl.function()
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
             return [], f"kvcache_pool_specs() raised {_summarise(exc)}"
+        if isinstance(result, PoolSpec):
+            return [], (
+                f"kvcache_pool_specs() returned a bare PoolSpec ({result.name!r}), expected a "
+                "list of PoolSpec: return [spec]"
+            )
         if not isinstance(result, (list, tuple)):
-            return [], f"kvcache_pool_specs() returned {type(result).__name__}, expected a list"
+            return [], f"kvcache_pool_specs() returned {_describe(result)}, expected a list"
         specs.extend(result)
     return specs, None
 
@@ -215,17 +355,9 @@ def discover(
     pm.add_hookspecs(hookspecs)
     candidates: list[tuple[PluginInfo, object]] = []
 
-    dists: dict[object, tuple[str, str]] = {}  # one METADATA parse per distribution
+    dists: dict[object, tuple[str, str] | None] = {}  # one METADATA parse per distribution
     for ep in _entry_points(group):
-        dist = getattr(ep, "dist", None)
-        owner = None
-        if dist is not None:
-            key = getattr(dist, "_path", dist)
-            if key not in dists:
-                meta = dist.metadata
-                dists[key] = (meta["Name"], meta["Version"])
-            owner = dists[key]
-        info = PluginInfo(ep.name, ep.value, *(owner or (None, None)))
+        info = PluginInfo(ep.name, ep.value, *(_owner(ep, dists) or (None, None)))
         if ep.name in denied:
             registry.skipped.append((info, "disabled by deny list"))
             continue
@@ -237,7 +369,9 @@ def discover(
             continue
         try:
             candidates.append((info, ep.load()))
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # a plugin's import may raise anything, even SystemExit
             registry.rejected.append(Rejection(info, f"import failed: {_summarise(exc)}"))
     for obj in plugins:
         name = getattr(obj, "__name__", type(obj).__name__)
@@ -251,18 +385,19 @@ def discover(
             continue
         for spec in specs:
             verdict = validate_spec(spec)
-            pool_name = spec.name if isinstance(spec, PoolSpec) else None
+            valid = spec if isinstance(spec, PoolSpec) else None
+            pool_name = valid.name if valid is not None else None
             if isinstance(verdict, str):
-                registry.rejected.append(Rejection(info, verdict, pool=pool_name))
+                registry.rejected.append(Rejection(info, verdict, pool_name, spec=valid))
             elif verdict:
-                summary = "; ".join(str(f) for f in verdict[:3])
-                more = f" (+{len(verdict) - 3} more)" if len(verdict) > 3 else ""
                 registry.rejected.append(
-                    Rejection(info, f"contract drift: {summary}{more}", pool_name, verdict)
+                    Rejection(
+                        info, f"contract drift: {_summary(verdict)}", pool_name, verdict, valid
+                    )
                 )
             else:
-                assert isinstance(spec, PoolSpec)
-                providers.setdefault(spec.name, []).append((info, spec))
+                assert valid is not None
+                providers.setdefault(valid.name, []).append((info, valid))
 
     for pool_name, offers in providers.items():
         if len(offers) == 1:
@@ -272,13 +407,52 @@ def discover(
         owners = ", ".join(
             f"{i.name} from {i.distribution or 'no distribution'}" for i, _ in offers
         )
-        for info, _ in offers:
+        for info, spec in offers:
             registry.rejected.append(
                 Rejection(
-                    info, f"duplicate pool name {pool_name!r}, provided by: {owners}", pool_name
+                    info,
+                    f"duplicate pool name {pool_name!r}, provided by: {owners}",
+                    pool_name,
+                    spec=spec,
                 )
             )
 
-    if strict and registry.rejected:
-        raise PluginRejectedError(list(registry.rejected))
+    if strict:
+        rejected = list(registry.rejected)
+        for pool_name in registry.names():
+            entry = registry.accepted[pool_name]
+            if entry.warnings:
+                rejected.append(
+                    Rejection(
+                        entry.plugin,
+                        f"source findings (strict): {_summary(entry.warnings)}",
+                        pool_name,
+                        entry.warnings,
+                        entry.spec,
+                    )
+                )
+        if rejected:
+            raise PluginRejectedError(list(rejected))
     return registry
+
+
+def _summary(findings: Sequence[Finding]) -> str:
+    text = "; ".join(str(f) for f in findings[:3])
+    return text + (f" (+{len(findings) - 3} more)" if len(findings) > 3 else "")
+
+
+def _owner(
+    ep: metadata.EntryPoint, cache: dict[object, tuple[str, str] | None]
+) -> tuple[str, str] | None:
+    """(name, version) of the distribution that ships ``ep``; None if unknown or unreadable."""
+    dist = getattr(ep, "dist", None)
+    if dist is None:
+        return None
+    key = getattr(dist, "_path", dist)
+    if key not in cache:
+        try:
+            meta = dist.metadata
+            cache[key] = (meta["Name"], meta["Version"])
+        except Exception:  # broken METADATA: the plugin still loads, just unattributed
+            cache[key] = None
+    return cache[key]

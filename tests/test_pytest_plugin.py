@@ -240,7 +240,8 @@ def _subprocess_env(project: pytest.Pytester) -> dict[str, str]:
 def test_xdist_workers_collect_the_same_battery(
     project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pytest.importorskip("xdist")
+    import xdist  # noqa: F401  (a dev dependency: missing is a failure, not a skip)
+
     monkeypatch.setenv("PYTHONPATH", _subprocess_env(project)["PYTHONPATH"])
     args = ["-p", PLUGIN, "--kvcache-conformance=kvc_gallery", "-k", "write-forms-agree"]
     result = project.runpytest_subprocess("-n", "2", "-p", "no:hypothesispytest", *args)

@@ -6,7 +6,8 @@ import argparse
 import json
 from typing import Any
 
-from ..contracts.spec import CONTRACT_VERSION
+from ..conformance.render.jsonout import _finding as finding_json
+from ..contracts.spec import CONTRACT_VERSION, PoolSpec
 from ..discovery import Registry, discover
 
 
@@ -18,8 +19,21 @@ def register(sub: Any) -> None:
     parser.set_defaults(run=run)
 
 
+def _spec_fields(spec: PoolSpec | None) -> dict[str, object]:
+    if spec is None:
+        return {"contract_version": None, "capabilities": []}
+    return {
+        "contract_version": spec.contract_version,
+        "capabilities": sorted(str(c) for c in spec.capabilities),
+    }
+
+
 def rows(registry: Registry) -> list[dict[str, object]]:
-    """One row per pool (accepted or rejected) and per plugin rejected or skipped as a whole."""
+    """One row per pool (accepted or rejected) and per plugin rejected or skipped as a whole.
+
+    Accepted pools carry their source findings: ``warnings`` (the checker's body rules) and
+    ``notes`` (methods whose source could not be analysed).
+    """
     out: list[dict[str, object]] = []
     for name in registry.names():
         entry = registry.accepted[name]
@@ -29,11 +43,12 @@ def rows(registry: Registry) -> list[dict[str, object]]:
                 "plugin": entry.plugin.name,
                 "distribution": entry.plugin.distribution,
                 "version": entry.plugin.version,
-                "contract_version": entry.spec.contract_version,
-                "capabilities": sorted(str(c) for c in entry.spec.capabilities),
+                **_spec_fields(entry.spec),
                 "status": "accepted",
                 "reason": None,
                 "description": entry.spec.description,
+                "warnings": [finding_json(f) for f in entry.warnings],
+                "notes": [finding_json(f) for f in entry.notes],
             }
         )
     for rej in registry.rejected:
@@ -43,14 +58,10 @@ def rows(registry: Registry) -> list[dict[str, object]]:
                 "plugin": rej.plugin.name,
                 "distribution": rej.plugin.distribution,
                 "version": rej.plugin.version,
-                "contract_version": None,
-                "capabilities": [],
+                **_spec_fields(rej.spec),
                 "status": "rejected",
                 "reason": rej.reason,
-                "findings": [
-                    {"rule": f.rule, "method": f.method, "parameter": f.parameter, "hint": f.hint}
-                    for f in rej.findings
-                ],
+                "findings": [finding_json(f) for f in rej.findings],
             }
         )
     for info, why in registry.skipped:
@@ -69,15 +80,26 @@ def rows(registry: Registry) -> list[dict[str, object]]:
     return out
 
 
+def _line(kind: str, finding: dict[str, object]) -> str:
+    where = finding.get("impl_location")
+    at = ""
+    if isinstance(where, dict):
+        line = where.get("line")
+        at = f" ({where['path']}{'' if line is None else f':{line}'})"
+    return f"           {kind}: [{finding['rule']}] {finding['message']}{at}"
+
+
 def run(args: argparse.Namespace) -> int:
     registry = discover()
     table = rows(registry)
     if args.format == "json":
         print(json.dumps({"contract_version": CONTRACT_VERSION, "plugins": table}, indent=2))
     else:
+        warned = sum(1 for row in table if row.get("warnings"))
         print(
-            f"kvcache contract {CONTRACT_VERSION}: {len(registry.accepted)} pool(s) accepted, "
-            f"{len(registry.rejected)} rejected, {len(registry.skipped)} skipped"
+            f"kvcache contract {CONTRACT_VERSION}: {len(registry.accepted)} pool(s) accepted "
+            f"({warned} with warnings), {len(registry.rejected)} rejected, "
+            f"{len(registry.skipped)} skipped"
         )
         for row in table:
             dist = f"{row['distribution']} {row['version']}" if row["distribution"] else "-"
@@ -89,4 +111,7 @@ def run(args: argparse.Namespace) -> int:
             )
             if row["reason"]:
                 print(f"           reason: {row['reason']}")
+            for kind in ("warning", "note"):
+                for finding in row.get(f"{kind}s", ()):  # type: ignore[attr-defined]
+                    print(_line(kind, finding))
     return 1 if registry.rejected else 0

@@ -101,10 +101,13 @@ def _bound_names(target: ast.AST) -> set[str]:
     }
 
 
-def _tainted(fn: FunctionNode, name: str) -> set[str]:
-    """``name`` plus every local assigned from an expression that mentions one of them."""
-    flows: list[tuple[set[str], set[str]]] = []  # (names read, names bound)
-    for node in ast.walk(fn):
+Flows = list[tuple[set[str], set[str]]]
+
+
+def _flows(nodes: list[ast.AST]) -> Flows:
+    """(names read, names bound) of every binding among ``nodes`` (a body, walked once)."""
+    flows: Flows = []
+    for node in nodes:
         if isinstance(node, ast.Assign):
             bound: set[str] = set()
             for target in node.targets:
@@ -118,6 +121,11 @@ def _tainted(fn: FunctionNode, name: str) -> set[str]:
             flows.append((_names(node.iter), _bound_names(node.target)))
         elif isinstance(node, ast.withitem) and node.optional_vars is not None:
             flows.append((_names(node.context_expr), _bound_names(node.optional_vars)))
+    return flows
+
+
+def _tainted(flows: Flows, name: str) -> set[str]:
+    """``name`` plus every local assigned from an expression that mentions one of them."""
     tainted = {name}
     changed = True
     while changed:
@@ -170,11 +178,11 @@ class Dropped:
     call: str  # that call's source text
 
 
-def _delegate_calls(fn: FunctionNode, method: str) -> list[ast.Call]:
+def _delegate_calls(fn: FunctionNode, nodes: list[ast.AST], method: str) -> list[ast.Call]:
     me = _first_arg(fn)
     calls = [
         n
-        for n in ast.walk(fn)
+        for n in nodes
         if isinstance(n, ast.Call)
         and isinstance(n.func, ast.Attribute)
         and n.func.attr == method
@@ -183,10 +191,10 @@ def _delegate_calls(fn: FunctionNode, method: str) -> list[ast.Call]:
     return sorted(calls, key=lambda c: (c.lineno, c.col_offset))
 
 
-def _discarded(fn: FunctionNode) -> set[str]:
+def _discarded(nodes: list[ast.AST]) -> set[str]:
     """Names dropped on purpose, where the checker can see it: ``del x`` or ``_ = x``."""
     out: set[str] = set()
-    for node in ast.walk(fn):
+    for node in nodes:
         if isinstance(node, ast.Delete):
             out |= {t.id for t in node.targets if isinstance(t, ast.Name)}
         elif (
@@ -214,10 +222,11 @@ def dropped_parameters(fn: FunctionNode, method: str, names: Collection[str]) ->
     recurrent state); it says so where a reader and the checker both see it: ``del
     mamba_indices`` (or ``_ = mamba_indices``). Only a silent drop is reported.
     """
-    delegates = _delegate_calls(fn, method)
+    nodes = list(ast.walk(fn))
+    delegates = _delegate_calls(fn, nodes, method)
     if not delegates:
         return []
-    calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call)]
+    calls = [n for n in nodes if isinstance(n, ast.Call)]
     if any(isinstance(c.func, ast.Name) and c.func.id == "locals" for c in calls):
         return []
     a = fn.args
@@ -228,16 +237,16 @@ def dropped_parameters(fn: FunctionNode, method: str, names: Collection[str]) ->
         declared.append((a.vararg.arg, "*"))
     if a.kwarg is not None:
         declared.append((a.kwarg.arg, "**"))
-    discarded = _discarded(fn)
+    discarded = _discarded(nodes)
     first = delegates[0]
+    flows = _flows(nodes)
+    passed_on = [_names(arg) for c in calls if _passes_on(c) for arg in _call_arguments(c)]
     dropped: list[Dropped] = []
     for name, star in declared:
         if name in discarded:
             continue
-        tainted = _tainted(fn, name)
-        passed = any(
-            _names(arg) & tainted for c in calls if _passes_on(c) for arg in _call_arguments(c)
-        )
+        tainted = _tainted(flows, name)
+        passed = any(names & tainted for names in passed_on)
         if not passed:
             dropped.append(Dropped(name, star, first.lineno, ast.unparse(first)))
     return dropped

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 import inspect
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from functools import cache
 
 from ..contracts.history import VERSIONS
@@ -23,10 +23,12 @@ from .model import Finding, Location, Outcome
 from .versions import change_note
 
 __all__ = [
+    "BODY_RULES",
     "PROTOCOL_ORDER",
     "attribute_finding",
     "attribute_location",
     "body_findings",
+    "body_may_find",
     "contract_attributes",
     "contract_methods",
     "method_findings",
@@ -182,6 +184,26 @@ def _forward_hint(call: str, param: str, star: str) -> str:
     else:
         node.keywords.append(ast.keyword(param, ast.Name(param, ast.Load())))
     return f"write `{ast.unparse(node)}`"
+
+
+#: The rules ``body_findings`` reports: read from a method's body, not from its signature.
+BODY_RULES = frozenset({"not-implemented", "parameter-not-forwarded", "writeloc-not-unwrapped"})
+
+
+def body_may_find(contract: MethodSig, names: Collection[str]) -> bool:
+    """Whether ``body_findings`` could report anything on a body that uses only ``names``.
+
+    ``names`` are the global and attribute names the body (nested functions included) refers to,
+    e.g. a code object's ``co_names``: a body can only raise ``NotImplementedError`` if it names
+    it, and only delegates to ``<other>.<method>(...)`` if it names the method. Write paths
+    (a ``KVWriteLoc`` parameter) are always read. A False here lets a caller skip reading and
+    parsing the source, which is what keeps discovery's body checks cheap.
+    """
+    return (
+        "NotImplementedError" in names
+        or contract.name in names
+        or any("KVWriteLoc" in (p.annotation or "") for p in contract.params)
+    )
 
 
 def body_findings(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import textwrap
 from pathlib import Path
 
@@ -178,10 +177,6 @@ def test_types_level_runs_or_reports_that_it_cannot(run_cli, clean_file, monkeyp
     assert result.outcome is Outcome.ERROR and "types level is not available" in result.detail
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("kvcache_core.conformance.types.level") is None,
-    reason="types level not installed",
-)
 def test_default_levels_include_types(run_cli, isolated_modules):
     run = run_cli("check", str(CORPUS / "positional_rename.py"))
     assert run.code == 1, run.err
@@ -280,10 +275,6 @@ def test_no_target_checks_every_installed_plugin_and_survives_broken_ones(
     assert any(r.target == "kvcache_plugins.mha.MHATokenToKVPool" for r in run.results)
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("kvcache_core.conformance.render") is None,
-    reason="renderers not installed",
-)
 @pytest.mark.parametrize("fmt", ["text", "json", "junit", "sarif", "github"])
 def test_every_format_renders_through_the_real_renderers(fmt, tmp_path, capsys):
     import json

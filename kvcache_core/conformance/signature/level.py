@@ -12,18 +12,21 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import linecache
 import os
 import sys
-import textwrap
 import time
 import traceback
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
+from types import CodeType
 
-from ...contracts.signature import sig_from_callable
+from ...contracts.signature import MethodSig, sig_from_callable
 from ...contracts.spec import CONTRACT_VERSION
 from ..methods import (
+    body_findings,
+    body_may_find,
     contract_methods,
     method_findings,
     missing_method,
@@ -54,20 +57,97 @@ def _defining_class(cls: type, name: str) -> type | None:
     return next((k for k in cls.__mro__ if name in vars(k)), None)
 
 
-def _function_ast(
-    func: Callable[..., object],
-) -> tuple[ast.FunctionDef | ast.AsyncFunctionDef, str | None, int] | None:
-    """The ``def`` of a live function re-parsed from its source, with its file and offset."""
+FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
+#: Parsed bodies by (file, code object): an inherited method is read once however many classes
+#: share it. Equal code objects can come from different files (code equality ignores the file).
+_PARSED: dict[tuple[str, CodeType], tuple[FunctionNode, str | None, int] | None] = {}
+
+
+def _code_names(code: CodeType) -> set[str]:
+    """Global and attribute names ``code`` and the code nested in it refer to."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, CodeType):
+            names |= _code_names(const)
+    return names
+
+
+def _last_line(code: CodeType) -> int:
+    """The last line any instruction of ``code`` (or code nested in it) starts on."""
+    last = code.co_firstlineno
+    for _, _, line in code.co_lines():
+        if line is not None and line > last:
+            last = line
+    for const in code.co_consts:
+        if isinstance(const, CodeType):
+            last = max(last, _last_line(const))
+    return last
+
+
+def _own_lines(lines: list[str], code: CodeType) -> str:
+    """The source lines of ``code``'s ``def``: up to the line its last statement starts on,
+    then on while lines are blank or indented deeper than the ``def`` (that statement's tail)."""
+    start = code.co_firstlineno
+    first = lines[start - 1]
+    indent = len(first) - len(first.lstrip())
+    end = _last_line(code)
+    while end < len(lines):
+        following = lines[end]
+        if following.strip() and len(following) - len(following.lstrip()) <= indent:
+            break
+        end += 1
+    return "".join(lines[start - 1 : end])
+
+
+def _parse_lines(
+    text: str, name: str, path: str | None, first_line: int
+) -> tuple[FunctionNode, str | None, int] | None:
+    """The ``def`` named ``name`` that ``text`` (starting at file line ``first_line``) opens."""
+    indented = text[:1].isspace()
     try:
-        lines, start = inspect.getsourcelines(func)
-        path = inspect.getsourcefile(func)
-        tree = ast.parse(textwrap.dedent("".join(lines)))
-    except (OSError, TypeError, SyntaxError, IndentationError):
+        # ``if 1:`` keeps an indented method parseable without dedenting (which a multi-line
+        # string at column 0 would defeat).
+        tree = ast.parse("if 1:\n" + text if indented else text)
+    except (SyntaxError, ValueError):
         return None
-    node = tree.body[0] if tree.body else None
-    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+    body = tree.body
+    if indented and body and isinstance(body[0], ast.If):
+        body = body[0].body
+    node = body[0] if body else None
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.name != name:
         return None
-    return node, path, start - 1
+    return node, path, first_line - (2 if indented else 1)
+
+
+def _function_ast(func: Callable[..., object]) -> tuple[FunctionNode, str | None, int] | None:
+    """The ``def`` of a live function re-parsed from its source, with its file and offset.
+
+    Only the function's own lines are parsed, found from its code object (the file is read once,
+    through ``linecache``); ``inspect.getsourcelines`` is the fallback. Never raises.
+    """
+    code = getattr(func, "__code__", None)
+    key = (code.co_filename, code) if isinstance(code, CodeType) else None
+    if key is not None and key in _PARSED:
+        return _PARSED[key]
+    found = None
+    if isinstance(code, CodeType):
+        path = code.co_filename
+        linecache.checkcache(path)
+        lines = linecache.getlines(path)
+        start = code.co_firstlineno
+        if lines and 0 < start <= len(lines):
+            found = _parse_lines(_own_lines(lines, code), code.co_name, path, start)
+    if found is None:
+        try:
+            src, first = inspect.getsourcelines(func)
+            source_file = inspect.getsourcefile(func)
+        except (OSError, TypeError):
+            pass
+        else:
+            found = _parse_lines("".join(src), getattr(func, "__name__", ""), source_file, first)
+    if key is not None:
+        _PARSED[key] = found
+    return found
 
 
 def signature_findings(
@@ -77,12 +157,15 @@ def signature_findings(
     contract_version: int = CONTRACT_VERSION,
     methods: Collection[str] | None = None,
     body_checks: bool = False,
+    unread: list[str] | None = None,
 ) -> list[Finding]:
     """Every signature finding of ``cls`` against ``protocol`` (methods only).
 
     Inherited methods are looked up along the MRO, and findings point at the class that really
     defines the method, which is where the fix has to go. ``methods`` restricts the check to
-    some of the Protocol's methods.
+    some of the Protocol's methods. With ``body_checks``, a method whose body the rules need
+    but whose source cannot be read or analysed is skipped and, when ``unread`` is given,
+    appended to it as ``"Owner.method: why"``; analysing bodies never raises.
     """
     target = f"{cls.__module__}.{cls.__qualname__}"
     findings: list[Finding] = []
@@ -140,19 +223,60 @@ def signature_findings(
                 )
             )
             continue
-        parsed = _function_ast(inspect.unwrap(func)) if body_checks else None
+        owner_name = None if owner is cls else owner.__qualname__
         findings += method_findings(
             contract,
             impl,
-            parsed[0] if parsed else None,
+            None,
             protocol=protocol.__name__,
             target=target,
-            owner=None if owner is cls else owner.__qualname__,
+            owner=owner_name,
             contract_version=contract_version,
-            path=parsed[1] if parsed else None,
-            line_offset=parsed[2] if parsed else 0,
+            path=None,
         )
+        if body_checks:
+            findings += _body_findings(
+                contract, impl, func, protocol.__name__, target, owner_name, unread, owner
+            )
     return findings
+
+
+def _body_findings(
+    contract: MethodSig,
+    impl: MethodSig,
+    func: Callable[..., object],
+    protocol: str,
+    target: str,
+    owner_name: str | None,
+    unread: list[str] | None,
+    owner: type,
+) -> list[Finding]:
+    """The body rules on one live method; what cannot be analysed goes to ``unread``."""
+    where = f"{owner.__qualname__}.{contract.name}"
+    try:
+        real = inspect.unwrap(func)
+        code = getattr(real, "__code__", None)
+        if isinstance(code, CodeType) and not body_may_find(contract, _code_names(code)):
+            return []
+        parsed = _function_ast(real)
+        if parsed is None:
+            if unread is not None:
+                unread.append(f"{where}: its source cannot be read")
+            return []
+        return body_findings(
+            contract,
+            impl,
+            parsed[0],
+            protocol=protocol,
+            target=target,
+            owner=owner_name,
+            path=parsed[1],
+            line_offset=parsed[2],
+        )
+    except Exception as exc:  # an odd body must never take the signature check down with it
+        if unread is not None:
+            unread.append(f"{where}: analysing its source failed ({type(exc).__name__}: {exc})")
+        return []
 
 
 @contextmanager
