@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from collections.abc import Sequence
 
-from .commands import SUBCOMMANDS
+# torch warns at import when NumPy is missing; kvcache never needs NumPy, and a warning a user
+# cannot act on must not reach the terminal. Set before the subcommands import torch.
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
+
+from .commands import SUBCOMMANDS  # noqa: E402
 
 __all__ = ["main"]
 

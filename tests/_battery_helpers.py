@@ -8,16 +8,24 @@ from pathlib import Path
 PLUGIN = "kvcache_core.pytest_plugin"
 
 GALLERY_PLUGIN = """
-from kvcache_core import Capability, PoolSpec, hookimpl
+from kvcache_core import Capability, PoolSpec, check_rows, check_slots, hookimpl, unwrap_write_loc
 from kvcache_plugins.allocators import PagedSlotAllocator
 from kvcache_plugins.mha import MHATokenToKVPool, create as create_mha
 
 
 class AliasPool(MHATokenToKVPool):
+    # Checks its input like a careful pool, then writes through an alias of `loc`: only
+    # write-forms-agree can tell.
+
     def set_kv_buffer(self, layer, loc, cache_k, cache_v, k_scale=None, v_scale=None):
-        slots = loc  # never unwrapped
-        self.get_key_buffer(layer.layer_id)[slots] = cache_k
-        self.get_value_buffer(layer.layer_id)[slots] = cache_v
+        key, value = self.get_kv_buffer(layer.layer_id)
+        full, _ = unwrap_write_loc(loc)
+        n = check_slots(full, limit=self.rows, name="loc", allow_zero=True).numel()
+        k = check_rows(cache_k, name="cache_k", rows=n, row_shape=tuple(key.shape[1:]))
+        v = check_rows(cache_v, name="cache_v", rows=n, row_shape=tuple(value.shape[1:]))
+        slots = loc  # never unwrapped: still a KVWriteLoc when one was passed
+        key[slots] = k.to(key.dtype)
+        value[slots] = v.to(value.dtype)
 
 
 def create_alias(config):

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from ..conformance.render.jsonout import _finding as finding_json
+from ..conformance.render.jsonout import finding_to_json as finding_json
 from ..contracts.spec import CONTRACT_VERSION, PoolSpec
 from ..discovery import Registry, discover
 

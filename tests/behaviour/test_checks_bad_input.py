@@ -4,6 +4,8 @@ reproduction shows the failure when run."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from kvcache_core import PoolSpec
@@ -50,7 +52,13 @@ def test_raw_index_error_is_named_as_not_a_kvcache_error(
 def test_good_pool_reproduction_runs_clean(monkeypatch: pytest.MonkeyPatch) -> None:
     """The same snippet on a correct pool runs to the end: it is the check, not noise."""
     result = run_one(BROKEN["gallery-half-write"], "bad-write-rejected")
-    source = result.findings[0].reproduction.replace("'gallery-half-write'", "'mha'")
+    source, swapped = re.subn(
+        r"^from \S+ import _half_write as factory$",
+        "from kvcache_plugins.mha import create as factory",
+        result.findings[0].reproduction,
+        flags=re.M,
+    )
+    assert swapped == 1
     assert exec_reproduction(source, monkeypatch) is None
 
 

@@ -10,7 +10,7 @@ from kvcache_core.engine import DemoSettings, run_demo, run_pool
 from . import broken_pools
 
 #: Small enough for the suite (about a second per pool), big enough to force retractions.
-SMALL = DemoSettings(requests=4, budget=56)
+SMALL = DemoSettings(requests=4, budget=64)
 BUILT_INS = ("dsa", "hisparse", "mamba", "mha", "mla", "swa")
 
 
@@ -46,6 +46,16 @@ def test_a_broken_pool_makes_the_tokens_differ(broken, name):
     report = run_pool(name, broken.spec(name), SMALL)
     assert report.status == "differ", report.reason
     assert report.identical is False and report.differing_requests
+
+
+def test_the_default_demo_retracts_at_least_five_times_on_every_pool(registry):
+    """Issue 11's acceptance, at the defaults ``kvcache demo`` runs with (a few seconds)."""
+    reports = run_demo(registry, list(BUILT_INS), DemoSettings())
+    assert [r.pool for r in reports] == list(BUILT_INS)
+    for report in reports:
+        assert report.status == "identical", (report.pool, report.reason)
+        tight = report.constrained
+        assert tight is not None and tight.retractions >= 5 and tight.resumes == tight.retractions
 
 
 def test_a_pool_that_raises_is_reported_and_the_others_still_run(broken, registry):

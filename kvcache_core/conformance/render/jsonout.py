@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from ..model import CheckResult, Finding, Location
 from ._common import summarize, tool_version
 
-__all__ = ["SCHEMA_VERSION", "render", "to_document"]
+__all__ = ["SCHEMA_VERSION", "finding_to_json", "render", "to_document"]
 
 SCHEMA_VERSION = 1
 
@@ -22,7 +22,7 @@ def _location(location: Location | None) -> dict[str, object] | None:
     return None if location is None else {"path": location.path, "line": location.line}
 
 
-def _finding(finding: Finding) -> dict[str, object]:
+def finding_to_json(finding: Finding) -> dict[str, object]:
     return {
         "rule": finding.rule,
         "severity": str(finding.severity),
@@ -49,7 +49,7 @@ def _plain(value: object) -> object:
     if isinstance(value, (list, tuple, set, frozenset)):
         return [_plain(v) for v in value]
     if isinstance(value, Finding):  # an expected failure keeps its finding in ``extra``
-        return _finding(value)
+        return finding_to_json(value)
     return str(value)
 
 
@@ -60,7 +60,7 @@ def _result(result: CheckResult) -> dict[str, object]:
         "outcome": str(result.outcome),
         "detail": result.detail,
         "duration_s": result.duration_s,
-        "findings": [_finding(f) for f in result.findings],
+        "findings": [finding_to_json(f) for f in result.findings],
         "extra": _plain(result.extra),
     }
 
