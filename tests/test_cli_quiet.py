@@ -12,9 +12,9 @@ import pytest
     "argv", [["list"], ["check", "mha", "--level", "signature"], ["demo", "--pool", "mha"]]
 )
 def test_cli_prints_no_warning(argv: list[str]) -> None:
+    run_cli = "import sys; from kvcache_core.cli import main; sys.exit(main())"
     done = subprocess.run(
-        [sys.executable, "-c", "import sys; from kvcache_core.cli import main; sys.exit(main())"]
-        + argv,
+        [sys.executable, "-c", run_cli, *argv],
         capture_output=True,
         text=True,
         timeout=300,
