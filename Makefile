@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml constraints/torch-cpu.txt
 check: setup
 	$(BIN)/kvcache list
 	$(BIN)/kvcache check
+	$(BIN)/kvcache demo
 
 lint: setup
 	$(BIN)/ruff check .
