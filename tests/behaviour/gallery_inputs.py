@@ -3,9 +3,10 @@ allocator, forwarding and size checks must each catch the bug they exist for, an
 may trip over it.
 
 Each pool subclasses a built-in and breaks one thing the way real pools have: a write that
-validates V only after storing K, an allocator that hands a slot out twice, an allocator that
-drops ``mamba_indices`` on reload, an offload that lets a raw ``IndexError`` escape, a size that
-forgets V. Also a pluggy plugin (``kvcache_pool_specs``), so ``discover(plugins=[this module])``
+validates V only after storing K, a reload that loads K before checking the snapshot, an
+allocator that hands a slot out twice, an allocator that drops ``mamba_indices`` on reload, an
+offload that lets a raw ``IndexError`` escape, a size that forgets V. Also a pluggy plugin
+(``kvcache_pool_specs``), so ``discover(plugins=[this module])``
 can build them by name, which is how a finding's reproduction builds its pool.
 """
 
@@ -62,6 +63,24 @@ class RawIndexErrorPool(MHATokenToKVPool):
         if indices.numel() and int(indices.max()) >= self.rows:
             self._k.data[:, indices]  # raises IndexError: index out of bounds
         return super().get_cpu_copy(indices, mamba_indices=mamba_indices)
+
+
+class HalfReloadPool(MHATokenToKVPool):
+    """Loads K as soon as the snapshot's K part has the right shape, then checks the snapshot:
+    a snapshot of another kind (or dtype, or with a bad V) raises after K is overwritten."""
+
+    def load_cpu_copy(
+        self,
+        snapshot: KVSnapshot,
+        indices: torch.Tensor,
+        mamba_indices: torch.Tensor | None = None,
+    ) -> None:
+        slots = self._offload_slots(indices)
+        k = snapshot.parts.get("k") if isinstance(snapshot, KVSnapshot) else None
+        if k is not None and k.shape == self._k.part_layout(slots.numel())[0]:
+            self._k.data.index_copy_(1, slots, k.to(self._k.data.dtype))  # before any check
+        snapshot = self.check_snapshot(snapshot, slots.numel())
+        self._v.scatter(slots, snapshot.parts["v"])
 
 
 class UndercountPool(MHATokenToKVPool):
@@ -134,6 +153,11 @@ def _half_write(config: PoolConfig) -> tuple[MHATokenToKVPool, PagedSlotAllocato
     return pool, PagedSlotAllocator(config.size, config.page_size, pool)
 
 
+def _half_reload(config: PoolConfig) -> tuple[MHATokenToKVPool, PagedSlotAllocator]:
+    pool = _mha(config, HalfReloadPool)
+    return pool, PagedSlotAllocator(config.size, config.page_size, pool)
+
+
 def _raw_index_error(config: PoolConfig) -> tuple[MHATokenToKVPool, PagedSlotAllocator]:
     pool = _mha(config, RawIndexErrorPool)
     return pool, PagedSlotAllocator(config.size, config.page_size, pool)
@@ -163,6 +187,10 @@ GALLERY: list[tuple[str, PoolSpec]] = [
     (
         "bad-offload-rejected",
         _spec("gallery-raw-index-error", RawIndexErrorPool, PagedSlotAllocator, _raw_index_error),
+    ),
+    (
+        "bad-reload-rejected",
+        _spec("gallery-half-reload", HalfReloadPool, PagedSlotAllocator, _half_reload),
     ),
     (
         "kv-size-bytes",
