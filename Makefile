@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.kvcache-installed
 
-.PHONY: setup check test lint typecheck unit bench clean
+.PHONY: setup check test lint typecheck unit bench clean interop
 
 setup: $(STAMP)
 
@@ -37,5 +37,18 @@ bench: setup
 	$(BIN)/python benchmarks/bench_drift.py
 	$(BIN)/python benchmarks/bench_behaviour.py
 
+# Differential run against sglang 0.5.14's pools (not part of CI; downloads sglang). Its own
+# virtualenv: torch (CPU), numpy and this checkout, then sglang with --no-deps (its dependency
+# set is a GPU serving stack that mem_cache does not need on CPU; interop/_stubs.py stands in
+# for what it imports). Exits 0 only when every divergence is in docs/engines.md's table.
+INTEROP_VENV ?= .venv-interop
+INTEROP_BIN  := $(INTEROP_VENV)/bin
+
+interop:
+	test -x $(INTEROP_BIN)/python || $(PYTHON) -m venv $(INTEROP_VENV)
+	$(INTEROP_BIN)/python -m pip install --quiet -c constraints/torch-cpu.txt -e . numpy
+	$(INTEROP_BIN)/python -m pip install --quiet --no-deps sglang==0.5.14
+	$(INTEROP_BIN)/python interop/differential.py
+
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(INTEROP_VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -83,10 +83,17 @@ class LayerRows:
         return buf if self.store_dtype == self.dtype else buf.view(self.dtype)
 
     def to_storage(self, values: torch.Tensor, scale: float | None = None) -> torch.Tensor:
-        """Cast (and de-scale) values into the stored representation, never in place."""
-        if scale is not None:
-            values = values / scale
+        """Cast values into the stored representation, never in place.
+
+        ``scale`` divides only when the write casts (``values.dtype`` is not the pool's dtype),
+        as engines apply it: attention backends pass the layer's ``k_scale`` on every write
+        whenever the checkpoint has one (an fp8 checkpoint served with a bf16 KV cache), and a
+        write that needs no cast must store the values as given. Dividing out of place keeps the
+        caller's tensor intact (engines divide in place; callers may still read theirs).
+        """
         if values.dtype != self.dtype:
+            if scale is not None:
+                values = values / scale
             values = values.to(self.dtype)
         if self.store_dtype != self.dtype:
             values = values.view(self.store_dtype)

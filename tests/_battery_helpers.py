@@ -24,8 +24,8 @@ class AliasPool(MHATokenToKVPool):
         k = check_rows(cache_k, name="cache_k", rows=n, row_shape=tuple(key.shape[1:]))
         v = check_rows(cache_v, name="cache_v", rows=n, row_shape=tuple(value.shape[1:]))
         slots = loc  # never unwrapped: still a KVWriteLoc when one was passed
-        key[slots] = k.to(key.dtype)
-        value[slots] = v.to(value.dtype)
+        key[slots] = self._k.to_storage(k, k_scale)  # scales applied as engines do
+        value[slots] = self._v.to_storage(v, v_scale)
 
 
 def create_alias(config):

@@ -46,3 +46,26 @@ def test_contract_page_lists_every_protocol_method_exactly():
         if sig.render() not in text
     ]
     assert missing == []
+
+
+def test_every_coming_from_sglang_row_names_a_test_that_exists():
+    """Each row of docs/engines.md's "Coming from sglang" table pins kvcache's side with a
+    test; a renamed or deleted test must not leave the table pointing at nothing."""
+    import ast
+    import re
+
+    text = (DOCS / "engines.md").read_text(encoding="utf-8")
+    section = text[text.index("## Coming from sglang") :]
+    section = section[: section.find("\n### ")]
+    rows = [line for line in section.splitlines() if re.match(r"\| `[a-z-]+` \|", line)]
+    assert len(rows) >= 15
+    root = DOCS.parent
+    missing = []
+    for row in rows:
+        (named,) = re.findall(r"`(tests/[\w/]+\.py)::(\w+)`", row)
+        path, name = named
+        tree = ast.parse((root / path).read_text(encoding="utf-8"))
+        names = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+        if name not in names or not name.startswith("test_"):
+            missing.append(f"{path}::{name}")
+    assert missing == []

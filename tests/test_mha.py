@@ -130,12 +130,15 @@ def test_full_loc_overrides_loc():
     assert pool.get_key_buffer(0)[[1, 2]].eq(0).all()
 
 
-def test_scales_divide_before_storing():
+def test_scales_divide_before_storing_only_when_the_write_casts():
+    """As engines apply them: a casting write is divided, one in the pool's dtype is not."""
     pool, _ = make_pool()
-    k, v = torch.full((1, 2, 4), 6.0), torch.full((1, 2, 4), 6.0)
-    pool.set_kv_buffer(Layer(0), torch.tensor([2]), k, v, k_scale=2.0, v_scale=3.0)
+    k, v = torch.full((1, 2, 4), 6.0, dtype=torch.float64), torch.full((1, 2, 4), 6.0)
+    pool.set_kv_buffer(Layer(0), torch.tensor([2]), k, v.double(), k_scale=2.0, v_scale=3.0)
     assert pool.get_key_buffer(0)[2].eq(3.0).all() and pool.get_value_buffer(0)[2].eq(2.0).all()
     assert k.eq(6.0).all()  # the caller's tensor is not modified in place
+    pool.set_kv_buffer(Layer(0), torch.tensor([2]), v, v, k_scale=2.0, v_scale=3.0)
+    assert pool.get_key_buffer(0)[2].eq(6.0).all() and pool.get_value_buffer(0)[2].eq(6.0).all()
 
 
 def test_fp8_is_stored_as_uint8_and_round_trips():

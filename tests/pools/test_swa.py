@@ -450,6 +450,30 @@ def test_move_kv_cache_moves_full_rows_and_translated_window_rows():
         )
 
 
+def test_move_kv_cache_from_a_token_that_left_the_window_keeps_the_targets_window_row():
+    """kvcache's choice (docs/pools/swa.md): a source without a window slot moves no window row.
+
+    sglang translates both sides and copies, so the source's 0 copies the padding row into the
+    target's window row; here the target keeps its own window row, and its full rows move.
+    """
+    pool, alloc = make()
+    src = alloc.alloc(2)
+    tgt = alloc.alloc(2)
+    gen = torch.Generator().manual_seed(10)
+    fill(pool, src, gen)
+    fill(pool, tgt, gen)
+    alloc.free_swa(src[:1])  # the first source token leaves the window
+    window_before = [t.clone() for t in rows(pool, 1, tgt)]
+    pool.move_kv_cache(tgt, src)
+    window_after = rows(pool, 1, tgt)
+    for before, after in zip(window_before, window_after, strict=True):
+        assert same_bits(after[0], before[0])  # kept, not the padding row
+    assert all(
+        same_bits(a[1:], b) for a, b in zip(window_after, rows(pool, 1, src[1:]), strict=True)
+    )
+    assert all(same_bits(a, b) for a, b in zip(rows(pool, 0, tgt), rows(pool, 0, src), strict=True))
+
+
 # -- allocator ---------------------------------------------------------------------------------
 def test_translation_keeps_minus_one_and_clear_resets_everything():
     _, alloc = make()

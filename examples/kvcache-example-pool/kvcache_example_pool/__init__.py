@@ -83,8 +83,12 @@ class FusedMHAPool:
         shape = (self.head_num, self.head_dim)
         k = check_rows(cache_k, name="cache_k", rows=slots.numel(), row_shape=shape)
         v = check_rows(cache_v, name="cache_v", rows=slots.numel(), row_shape=shape)
-        k = k / k_scale if k_scale is not None else k
-        v = v / v_scale if v_scale is not None else v
+        # Scales divide only when the write casts, as engines apply them (backends pass the
+        # layer's scale on every write; a write already in the pool's dtype is stored as given).
+        if k.dtype != self.dtype and k_scale is not None:
+            k = k / k_scale
+        if v.dtype != self.dtype and v_scale is not None:
+            v = v / v_scale
         both = self._rows.to_storage(torch.stack((k, v), dim=1))
         self._rows.write(layer.layer_id, slots.to(self.device), both)
 

@@ -11,6 +11,7 @@ from . import forwarding  # noqa: F401
 from . import isolation  # noqa: F401
 from . import offload  # noqa: F401
 from . import readback  # noqa: F401
+from . import scales  # noqa: F401
 from . import size  # noqa: F401
 from . import window  # noqa: F401
 from . import writes  # noqa: F401
