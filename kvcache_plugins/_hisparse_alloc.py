@@ -324,16 +324,39 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         )
 
     def restore_state(self, state: object) -> None:
+        """Bring back both sides and the residency of ``state``, and refill from the logical
+        store every page that comes back resident at a device page it did not hold just before.
+
+        Why refill: the backup holds the tables, not the device rows. A page made non-resident
+        after the backup may have seen its device page reused and rewritten by another request;
+        restoring the table alone would make it "resident" at a device page holding that
+        request's rows, and reads, offload and kernels all prefer the device row. Granting
+        residency fills a page from the store (see :meth:`_make_resident`); restoring it is a
+        grant too. Why only the pages whose device page changed, not every resident page: a
+        page that kept its device page was consistent before the restore and still is
+        (write-through), so refilling it would only cost a copy per resident page on every
+        restore and overwrite what a kernel wrote into the device buffer in place.
+        """
         if not (
             isinstance(state, tuple) and len(state) == 5 and state[:2] == (_STATE_TAG, id(self))
         ):
             raise AllocatorError("restore_state got a state this allocator did not back up")
+        before = self._page_map.clone()
         self._logical.restore_state(state[2])  # drops queued frees: so do we
         self._held.clear()
         self._device.restore_state(state[3])
         self._page_map.copy_(state[4])
         self._forget_collected()
         self._rebuild_table()
+        after = self._page_map
+        moved = ((after >= 0) & (after != before)).nonzero().reshape(-1)
+        moved = moved[moved > 0]  # page 0 is padding
+        if moved.numel():
+            table = self.logical_to_device
+            self._kvcache.load_to_device(
+                self._slots_of(moved).to(table.device),
+                self._slots_of(after[moved]).to(table.device),
+            )
 
     def clear(self) -> None:
         """Free every logical and device slot but the reserved page 0; nothing stays resident."""

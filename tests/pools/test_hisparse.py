@@ -496,3 +496,54 @@ def test_store_and_device_are_one_write_checked_before_either(corruption, call):
         else:
             pool.set_mla_kv_buffer(Layer(1), new, latent[..., :rank], latent[..., rank:])
     assert_only_rows_changed(before, pool)
+
+
+@pytest.mark.parametrize("how", ["free_device", "free"])
+def test_restore_never_exposes_a_device_row_reused_since_the_backup(how):
+    """A page resident at the backup, made non-resident after it, whose device page another
+    request then took and wrote: ``restore_state`` makes it resident again at that device page,
+    which must then hold this page's rows again, for reads, offload and kernels alike."""
+    pool, alloc = make(size=4, page_size=2, layer_num=1, start_layer=0)
+    gen = torch.Generator().manual_seed(11)
+    a = alloc.alloc(2)
+    assert a is not None
+    write_everything(pool, a, gen, ["bare"])
+    expected = mla_reads(pool, a)
+    state = alloc.backup_state()
+    dev_at_backup = pool.translate_loc_to_device(a).clone()
+    if how == "free_device":
+        alloc.free_device(a)
+    else:
+        alloc.free(a)
+    b = alloc.alloc(4)  # every device page, the one ``a`` had included
+    assert b is not None
+    write_everything(pool, b, gen, ["bare"])
+    alloc.restore_state(state)
+    dev = pool.translate_loc_to_device(a)
+    assert torch.equal(dev, dev_at_backup)
+    for layer_id in layer_ids(pool):  # what a kernel reads by device slot equals the store
+        kernel_rows = pool.get_key_buffer(layer_id)[dev]
+        assert same_bytes(kernel_rows, pool.get_logical_key_buffer(layer_id)[a])
+    if how == "free_device":  # the logical rows were never rewritten: the original content
+        assert all_same_bytes(mla_reads(pool, a), expected)
+        assert same_bytes(
+            pool.get_cpu_copy(a).parts["latent"],
+            torch.stack(store_latents(pool, a)),
+        )
+
+
+def test_restore_keeps_device_rows_of_pages_whose_residency_did_not_change():
+    """Only pages whose device page changed are refilled: a page resident at the same device
+    page before and after the restore keeps its device rows (a kernel's in-place device write
+    is not overwritten from the store)."""
+    pool, alloc = make(size=4, page_size=2, layer_num=1, start_layer=0)
+    gen = torch.Generator().manual_seed(12)
+    a = alloc.alloc(2)
+    assert a is not None
+    write_everything(pool, a, gen, ["bare"])
+    state = alloc.backup_state()
+    dev = pool.translate_loc_to_device(a)
+    kernel_write = torch.full_like(pool.get_key_buffer(0)[dev], 3.0)
+    pool.get_key_buffer(0)[dev] = kernel_write
+    alloc.restore_state(state)
+    assert same_bytes(pool.get_key_buffer(0)[dev], kernel_write)
