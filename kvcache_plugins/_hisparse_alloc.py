@@ -146,10 +146,16 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
 
     # -- allocation ------------------------------------------------------------------------
     def alloc(self, need_size: int) -> torch.Tensor | None:
-        """``need_size`` logical slots (whole pages), resident; None unless both sides fit."""
-        if need_size % self.page_size == 0 and not self._device_room(need_size // self.page_size):
+        """``need_size`` logical slots (whole pages), resident; None unless both sides fit.
+
+        Every ``alloc*`` method validates its arguments before it looks at room: a bad call
+        raises its own error whether or not the device is full, rather than returning a None
+        that reads as "try again later".
+        """
+        pages = self._logical._pages_for(need_size)
+        if not self._device_room(pages):
             return None
-        slots = self._logical.alloc(need_size)  # validates need_size
+        slots = self._logical.alloc(need_size)
         if slots is not None:
             self._make_resident(self._non_resident(slots.to(_CPU) // self.page_size))
         return slots
@@ -162,17 +168,16 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         extend_num_tokens: int,
     ) -> torch.Tensor | None:
         """Extend each request on the logical side; new pages, and a partial last page that is
-        not resident, get device pages. None (nothing consumed) unless both sides fit."""
-        prefixes = [int(x) for x in prefix_lens.reshape(-1).tolist()]
-        seqs = [int(x) for x in seq_lens.reshape(-1).tolist()]
-        lasts = [int(x) for x in last_loc.reshape(-1).tolist()]
-        if not len(prefixes) == len(seqs) == len(lasts):
-            raise AllocatorError("prefix_lens, seq_lens and last_loc must have the same length")
-        P = self.page_size
-        new_pages = sum(
-            max(0, _ceil_div(s, P) - _ceil_div(p, P)) for p, s in zip(prefixes, seqs, strict=True)
+        not resident, get device pages. None (nothing consumed) unless both sides fit.
+
+        The logical side's plan checks the call first (lengths, ``extend_num_tokens``, each
+        continued ``last_loc``), so a bad call raises even when the device is full."""
+        plan, new_pages = self._logical._extend_plan(
+            prefix_lens, seq_lens, last_loc, extend_num_tokens
         )
-        partial = [p % P != 0 and s > p for p, s in zip(prefixes, seqs, strict=True)]
+        P = self.page_size
+        lasts = [start - 1 for start, _, _ in plan]
+        partial = [count > 0 for _, count, _ in plan]
         if not self._device_room(new_pages + self._last_pages_needing_device(lasts, partial)):
             return None
         slots = self._logical.alloc_extend(prefix_lens, seq_lens, last_loc, extend_num_tokens)
@@ -211,11 +216,28 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         ``pool.load_to_device(logical, <these slots>)`` afterwards is no longer needed; it
         copies the same rows again."""
         slots = check_slots(logical, limit=self.size + self.page_size, name="logical")
+        self._require_allocated(slots.to(_CPU))
         pages = self._non_resident(slots.to(_CPU) // self.page_size)
         if not self._device_room(pages.numel()):
             return None
         self._make_resident(pages, live=pages)
         return self.logical_to_device[slots.to(self.logical_to_device.device)]
+
+    def _require_allocated(self, slots: torch.Tensor) -> None:
+        """Raise unless every slot (host) lies in a handed-out logical page, queued frees
+        settled first (a page freed a moment ago is free). Why: residency given to a free page
+        would survive into its next allocation, which then skips the grant and its fill."""
+        if slots.numel() == 0:
+            return
+        self._logical.check_frees()
+        held = self._logical._allocated(slots)
+        if not bool(held.all()):
+            slot = int(slots[~held][0])
+            what = "the reserved page 0" if slot < self.page_size else "a free page"
+            raise AllocatorError(
+                f"logical slot {slot} lies in {what}: alloc_device makes allocated logical "
+                "slots resident (allocate them with alloc_logical_only first)"
+            )
 
     def free_device(self, logical: torch.Tensor) -> None:
         """Drop the device residency of the pages holding ``logical``; the logical slots stay

@@ -547,3 +547,87 @@ def test_restore_keeps_device_rows_of_pages_whose_residency_did_not_change():
     pool.get_key_buffer(0)[dev] = kernel_write
     alloc.restore_state(state)
     assert same_bytes(pool.get_key_buffer(0)[dev], kernel_write)
+
+
+def _device_full() -> tuple[HiSparseTokenToKVPool, HiSparseSlotAllocator, torch.Tensor]:
+    """Every device page taken; logical room left; one request of 3 tokens (slots 2..4 when
+    P=2: its last page is partial)."""
+    pool, alloc = make()
+    req = alloc.alloc_extend(torch.tensor([0]), torch.tensor([3]), torch.tensor([-1]), 3)
+    assert req is not None
+    assert alloc.alloc(alloc.device_available_size()) is not None
+    assert alloc.device_available_size() == 0 and alloc.logical_available_size() > 0
+    return pool, alloc, req
+
+
+BAD_EXTENDS = {
+    "count-mismatch": ([0], [4], [-1], 3),
+    "lengths-differ": ([0, 0], [2], [-1], 2),
+    "seq-shorter-than-prefix": ([4], [2], [7], -2),
+    "stale-last-loc": ([3], [5], [13], 2),  # page 6 was never allocated
+    "last-loc-at-wrong-offset": ([3], [5], [3], 2),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_EXTENDS))
+def test_bad_alloc_extend_raises_even_when_the_device_is_full(case):
+    """Bad arguments get their own error first, not a None that reads as "no room"."""
+    pool, alloc, _ = _device_full()
+    prefix, seq, last, n = BAD_EXTENDS[case]
+    saved = (table(pool), alloc.logical_available_size(), alloc.device_available_size())
+    with pytest.raises(AllocatorError):
+        alloc.alloc_extend(torch.tensor(prefix), torch.tensor(seq), torch.tensor(last), n)
+    assert torch.equal(table(pool), saved[0])
+    assert (alloc.logical_available_size(), alloc.device_available_size()) == saved[1:]
+
+
+BAD_DECODES = {
+    "lengths-differ": ([3, 2], [4]),
+    "seq-zero": ([0], [-1]),
+    "stale-last-loc": ([4], [13]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_DECODES))
+def test_bad_alloc_decode_raises_even_when_the_device_is_full(case):
+    _pool, alloc, _ = _device_full()
+    seq, last = BAD_DECODES[case]
+    with pytest.raises(AllocatorError):
+        alloc.alloc_decode(torch.tensor(seq), torch.tensor(last))
+
+
+@pytest.mark.parametrize("need", [3, -2])
+def test_bad_alloc_sizes_raise_even_when_the_device_is_full(need):
+    _, alloc, _ = _device_full()
+    with pytest.raises(AllocatorError):
+        alloc.alloc(need)
+    with pytest.raises(AllocatorError):
+        alloc.alloc_logical_only(need)
+
+
+@pytest.mark.parametrize("full", [False, True], ids=["room", "device-full"])
+@pytest.mark.parametrize("bad", ["free-slots", "page-0", "freed", "out-of-range", "float"], ids=str)
+def test_alloc_device_refuses_slots_that_are_not_allocated(full, bad):
+    """``alloc_device`` makes *allocated* logical slots resident: slots of a free page (never
+    allocated, or freed) or of the padding page are refused with an error, device full or not,
+    and nothing changes (a free page marked resident would be handed out later still holding
+    a device page)."""
+    pool, alloc = make()
+    cold = alloc.alloc_logical_only(2)
+    gone = alloc.alloc_logical_only(2)
+    assert cold is not None and gone is not None
+    if full:
+        assert alloc.alloc(alloc.device_available_size()) is not None
+    alloc.free(gone)  # still queued: alloc_device must settle it to see the page is free
+    arg = {
+        "free-slots": torch.tensor([14, 15]),
+        "page-0": torch.tensor([1]),
+        "freed": gone,
+        "out-of-range": torch.tensor([18]),
+        "float": torch.tensor([2.0]),
+    }[bad]
+    saved = (table(pool), alloc.logical_available_size(), alloc.device_available_size())
+    with pytest.raises((AllocatorError, InvalidSlotError)):
+        alloc.alloc_device(arg)
+    assert torch.equal(table(pool), saved[0])
+    assert (alloc.logical_available_size(), alloc.device_available_size()) == saved[1:]
