@@ -36,10 +36,6 @@ _CPU = torch.device("cpu")
 _STATE_TAG = "hisparse-slot-allocator"
 
 
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def empty_logical_to_device(rows: int, device: torch.device) -> torch.Tensor:
     """A table for ``rows`` logical slots with nothing resident: all -1, but padding slot 0 maps
     to device slot 0, and one trailing -1 so that translating -1 (no last slot) gives -1."""
