@@ -262,10 +262,12 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
     def free(self, indices: torch.Tensor) -> None:
         """Free logical slots (their whole pages) and the device pages those pages held.
 
-        Unlike the plain allocator this reads the ids at once (a device sync when they live on
-        an accelerator): residency is dropped from the tables now. Range and slot 0 are checked
-        here; double frees surface from the logical allocator's batch check, and then the call's
-        residency is put back (see the module doc).
+        Unlike the plain allocator this reads the ids at once: residency is dropped from the
+        tables now, and the truth is a host page table. With the ids on an accelerator that is
+        two host syncs per call, the range check and the copy to the host (pinned by
+        tests/allocators/test_host_syncs.py). Range and slot 0 are checked here; double frees
+        surface from the logical allocator's batch check, and then the call's residency is put
+        back (see the module doc).
         """
         if self._collect(indices):
             return

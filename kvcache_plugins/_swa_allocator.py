@@ -312,6 +312,12 @@ class SWASlotAllocator(FreeGroup):
         The slots are range-checked here (the window side must read the table at them); a
         double free of a full slot surfaces when the full side checks its queued frees, and
         then the call's window slots are kept (see the module doc).
+
+        Host syncs when the ids live on an accelerator (pinned by
+        tests/allocators/test_host_syncs.py): three ``bool`` reads (range, slot 0, "any window
+        slot held"), two boolean-mask selections, and a ``unique`` when paged. Why not queued
+        like the plain allocator: the table entries are cleared now, and which window slots the
+        call releases (the held mask) decides what :attr:`_held` keeps for a rollback.
         """
         if self._collect(indices):
             return
