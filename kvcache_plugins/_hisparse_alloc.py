@@ -264,21 +264,26 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
 
         Unlike the plain allocator this reads the ids at once: residency is dropped from the
         tables now, and the truth is a host page table. With the ids on an accelerator that is
-        two host syncs per call, the range check and the copy to the host (pinned by
-        tests/allocators/test_host_syncs.py). Range and slot 0 are checked here; double frees
-        surface from the logical allocator's batch check, and then the call's residency is put
-        back (see the module doc).
+        one host sync per call, the copy of the ids to the host; the range check runs on that
+        copy (pinned by tests/allocators/test_host_syncs.py). Range and slot 0 are checked
+        here; double frees surface from the logical allocator's batch check, and then the
+        call's residency is put back (see the module doc).
         """
         if self._collect(indices):
             return
         self._free_one(indices, settle_if_due=True)
 
     def _free_one(self, indices: torch.Tensor, *, settle_if_due: bool) -> None:
-        slots = check_slots(indices, limit=self.size + self.page_size, name="indices")
+        limit = self.size + self.page_size
+        slots = check_slots(indices, limit=limit, name="indices", check_values=False)
         if slots.numel() == 0:
             return
+        # The one host sync: the host page table needs the ids. The range and slot-0 checks
+        # then run on the host copy, where they cost no second sync.
+        host = slots.to(_CPU)
+        check_slots(host, limit=limit, name="indices")
         call = slots.clone()  # owned: the caller may reuse ``indices``
-        pages = torch.unique(call.to(_CPU) // self.page_size)
+        pages = torch.unique(host // self.page_size)
         pages = pages[(pages > 0) & (self._page_map[pages] >= 0)]  # page 0 is padding
         if pages.numel():
             # the call itself is kept too: it keeps its id unique while held
