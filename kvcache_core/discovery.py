@@ -48,6 +48,7 @@ __all__ = [
     "Rejection",
     "discover",
     "load_plugin_specs",
+    "spec_shape_problem",
     "validate_spec",
 ]
 
@@ -176,8 +177,10 @@ def _describe(value: object) -> str:
     return f"{type(value).__name__} {text}"
 
 
-def _shape_problem(spec: object) -> str | None:
-    """Why ``spec`` cannot even be validated (not a spec, unknown contract, no classes)."""
+def spec_shape_problem(spec: object) -> str | None:
+    """Why ``spec`` cannot even be validated (not a spec, unknown contract, no classes), or
+    None. Discovery rejects such a spec; ``kvcache check``'s loader reports it as a load
+    error with this same reason (one check, so the two never disagree on what is junk)."""
     if isinstance(spec, type):
         if issubclass(spec, PoolSpec):
             return "hook returned the class PoolSpec, not a PoolSpec: call it, PoolSpec(name=...)"
@@ -229,7 +232,7 @@ def validate_spec(spec: object) -> tuple[Finding, ...] | str:
     body rules are not run here (see :attr:`AcceptedPool.warnings`).
     """
     try:
-        problem = _shape_problem(spec)
+        problem = spec_shape_problem(spec)
         if problem is not None:
             return problem
         assert isinstance(spec, PoolSpec)

@@ -36,10 +36,6 @@ _CPU = torch.device("cpu")
 _STATE_TAG = "hisparse-slot-allocator"
 
 
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def empty_logical_to_device(rows: int, device: torch.device) -> torch.Tensor:
     """A table for ``rows`` logical slots with nothing resident: all -1, but padding slot 0 maps
     to device slot 0, and one trailing -1 so that translating -1 (no last slot) gives -1."""
@@ -146,10 +142,16 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
 
     # -- allocation ------------------------------------------------------------------------
     def alloc(self, need_size: int) -> torch.Tensor | None:
-        """``need_size`` logical slots (whole pages), resident; None unless both sides fit."""
-        if need_size % self.page_size == 0 and not self._device_room(need_size // self.page_size):
+        """``need_size`` logical slots (whole pages), resident; None unless both sides fit.
+
+        Every ``alloc*`` method validates its arguments before it looks at room: a bad call
+        raises its own error whether or not the device is full, rather than returning a None
+        that reads as "try again later".
+        """
+        pages = self._logical._pages_for(need_size)
+        if not self._device_room(pages):
             return None
-        slots = self._logical.alloc(need_size)  # validates need_size
+        slots = self._logical.alloc(need_size)
         if slots is not None:
             self._make_resident(self._non_resident(slots.to(_CPU) // self.page_size))
         return slots
@@ -162,17 +164,16 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         extend_num_tokens: int,
     ) -> torch.Tensor | None:
         """Extend each request on the logical side; new pages, and a partial last page that is
-        not resident, get device pages. None (nothing consumed) unless both sides fit."""
-        prefixes = [int(x) for x in prefix_lens.reshape(-1).tolist()]
-        seqs = [int(x) for x in seq_lens.reshape(-1).tolist()]
-        lasts = [int(x) for x in last_loc.reshape(-1).tolist()]
-        if not len(prefixes) == len(seqs) == len(lasts):
-            raise AllocatorError("prefix_lens, seq_lens and last_loc must have the same length")
-        P = self.page_size
-        new_pages = sum(
-            max(0, _ceil_div(s, P) - _ceil_div(p, P)) for p, s in zip(prefixes, seqs, strict=True)
+        not resident, get device pages. None (nothing consumed) unless both sides fit.
+
+        The logical side's plan checks the call first (lengths, ``extend_num_tokens``, each
+        continued ``last_loc``), so a bad call raises even when the device is full."""
+        plan, new_pages = self._logical._extend_plan(
+            prefix_lens, seq_lens, last_loc, extend_num_tokens
         )
-        partial = [p % P != 0 and s > p for p, s in zip(prefixes, seqs, strict=True)]
+        P = self.page_size
+        lasts = [start - 1 for start, _, _ in plan]
+        partial = [count > 0 for _, count, _ in plan]
         if not self._device_room(new_pages + self._last_pages_needing_device(lasts, partial)):
             return None
         slots = self._logical.alloc_extend(prefix_lens, seq_lens, last_loc, extend_num_tokens)
@@ -211,11 +212,28 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         ``pool.load_to_device(logical, <these slots>)`` afterwards is no longer needed; it
         copies the same rows again."""
         slots = check_slots(logical, limit=self.size + self.page_size, name="logical")
+        self._require_allocated(slots.to(_CPU))
         pages = self._non_resident(slots.to(_CPU) // self.page_size)
         if not self._device_room(pages.numel()):
             return None
         self._make_resident(pages, live=pages)
         return self.logical_to_device[slots.to(self.logical_to_device.device)]
+
+    def _require_allocated(self, slots: torch.Tensor) -> None:
+        """Raise unless every slot (host) lies in a handed-out logical page, queued frees
+        settled first (a page freed a moment ago is free). Why: residency given to a free page
+        would survive into its next allocation, which then skips the grant and its fill."""
+        if slots.numel() == 0:
+            return
+        self._logical.check_frees()
+        held = self._logical._allocated(slots)
+        if not bool(held.all()):
+            slot = int(slots[~held][0])
+            what = "the reserved page 0" if slot < self.page_size else "a free page"
+            raise AllocatorError(
+                f"logical slot {slot} lies in {what}: alloc_device makes allocated logical "
+                "slots resident (allocate them with alloc_logical_only first)"
+            )
 
     def free_device(self, logical: torch.Tensor) -> None:
         """Drop the device residency of the pages holding ``logical``; the logical slots stay
@@ -244,21 +262,28 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
     def free(self, indices: torch.Tensor) -> None:
         """Free logical slots (their whole pages) and the device pages those pages held.
 
-        Unlike the plain allocator this reads the ids at once (a device sync when they live on
-        an accelerator): residency is dropped from the tables now. Range and slot 0 are checked
-        here; double frees surface from the logical allocator's batch check, and then the call's
-        residency is put back (see the module doc).
+        Unlike the plain allocator this reads the ids at once: residency is dropped from the
+        tables now, and the truth is a host page table. With the ids on an accelerator that is
+        one host sync per call, the copy of the ids to the host; the range check runs on that
+        copy (pinned by tests/allocators/test_host_syncs.py). Range and slot 0 are checked
+        here; double frees surface from the logical allocator's batch check, and then the
+        call's residency is put back (see the module doc).
         """
         if self._collect(indices):
             return
         self._free_one(indices, settle_if_due=True)
 
     def _free_one(self, indices: torch.Tensor, *, settle_if_due: bool) -> None:
-        slots = check_slots(indices, limit=self.size + self.page_size, name="indices")
+        limit = self.size + self.page_size
+        slots = check_slots(indices, limit=limit, name="indices", check_values=False)
         if slots.numel() == 0:
             return
+        # The one host sync: the host page table needs the ids. The range and slot-0 checks
+        # then run on the host copy, where they cost no second sync.
+        host = slots.to(_CPU)
+        check_slots(host, limit=limit, name="indices")
         call = slots.clone()  # owned: the caller may reuse ``indices``
-        pages = torch.unique(call.to(_CPU) // self.page_size)
+        pages = torch.unique(host // self.page_size)
         pages = pages[(pages > 0) & (self._page_map[pages] >= 0)]  # page 0 is padding
         if pages.numel():
             # the call itself is kept too: it keeps its id unique while held
@@ -324,16 +349,39 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         )
 
     def restore_state(self, state: object) -> None:
+        """Bring back both sides and the residency of ``state``, and refill from the logical
+        store every page that comes back resident at a device page it did not hold just before.
+
+        Why refill: the backup holds the tables, not the device rows. A page made non-resident
+        after the backup may have seen its device page reused and rewritten by another request;
+        restoring the table alone would make it "resident" at a device page holding that
+        request's rows, and reads, offload and kernels all prefer the device row. Granting
+        residency fills a page from the store (see :meth:`_make_resident`); restoring it is a
+        grant too. Why only the pages whose device page changed, not every resident page: a
+        page that kept its device page was consistent before the restore and still is
+        (write-through), so refilling it would only cost a copy per resident page on every
+        restore and overwrite what a kernel wrote into the device buffer in place.
+        """
         if not (
             isinstance(state, tuple) and len(state) == 5 and state[:2] == (_STATE_TAG, id(self))
         ):
             raise AllocatorError("restore_state got a state this allocator did not back up")
+        before = self._page_map.clone()
         self._logical.restore_state(state[2])  # drops queued frees: so do we
         self._held.clear()
         self._device.restore_state(state[3])
         self._page_map.copy_(state[4])
         self._forget_collected()
         self._rebuild_table()
+        after = self._page_map
+        moved = ((after >= 0) & (after != before)).nonzero().reshape(-1)
+        moved = moved[moved > 0]  # page 0 is padding
+        if moved.numel():
+            table = self.logical_to_device
+            self._kvcache.load_to_device(
+                self._slots_of(moved).to(table.device),
+                self._slots_of(after[moved]).to(table.device),
+            )
 
     def clear(self) -> None:
         """Free every logical and device slot but the reserved page 0; nothing stays resident."""

@@ -177,6 +177,29 @@ class MambaSlotAllocator(FreeGroup):
     anything changes. Frees are checked on the spot (no queue): a request frees one slot, so
     there is nothing to batch. Free groups and backup/restore behave as the token allocators'
     do, so an engine can evict and roll back request slots along with token slots.
+
+    **Alloc groups.** ``alloc_group_begin(num_reqs)`` reserves ``num_reqs`` slots for a batch
+    of new requests; ``alloc(n)`` then hands them out in order (lowest ids first on a fresh
+    allocator) while the reservation has ``n`` left, and ``alloc_group_end()`` puts the rest
+    back on the free list, in their order, so a group that handed out nothing leaves the
+    allocator as it found it. Why reserve: a scheduler admits a batch once, then allocates
+    per request; the reservation makes each of those ``alloc(1)`` calls succeed whatever runs
+    in between. Choices, each so that a mistake is seen where it is made:
+
+    - reserving more than ``available_size()`` raises :class:`AllocatorError` (nothing
+      reserved, no group opened) rather than returning None: the begin has no result an engine
+      would look at, and a silent shortfall would surface later as one ``alloc(1)`` failing in
+      the middle of the batch;
+    - a begin inside an open group, an end without a begin, or a ``num_reqs`` that is not an
+      int >= 0 raise :class:`AllocatorError` and change nothing;
+    - while a group is open, ``available_size()`` counts the free list only (the reserved
+      slots are spoken for; :meth:`alloc_group_reserved` counts them), an ``alloc(n)`` that the
+      reservation cannot cover takes from the free list as outside a group (the reservation
+      is a floor for the batch, not a cap), and freeing a reserved slot that was not handed
+      out is a :class:`DoubleFreeError` (it is not allocated);
+    - ``backup_state`` records the open group and what is left of its reservation, and
+      ``restore_state`` brings that back exactly (a backup taken before the begin closes the
+      group again); ``clear()`` frees every slot and closes the group.
     """
 
     def __init__(self, size: int, device: torch.device | str = "cpu") -> None:
@@ -186,21 +209,74 @@ class MambaSlotAllocator(FreeGroup):
         self.device = torch.device(device)
         self._stack = torch.empty(size, dtype=torch.int64)
         self._is_free = torch.zeros(size + 1, dtype=torch.bool)
+        self._is_reserved = torch.zeros(size + 1, dtype=torch.bool)
+        #: The open alloc group's slots not handed out yet (host, in hand-out order), or None.
+        self._reserved: torch.Tensor | None = None
         self._top = 0
         self.clear()
 
     def available_size(self) -> int:
+        """Free request slots, not counting those an open alloc group reserved."""
         return self._top
+
+    def alloc_group_reserved(self) -> int:
+        """Slots the open alloc group reserved and has not handed out yet (0 without a group)."""
+        return 0 if self._reserved is None else self._reserved.numel()
+
+    def _pop(self, n: int) -> torch.Tensor:
+        """The next ``n`` free ids off the stack (the caller checked ``n <= top``)."""
+        ids = self._stack[self._top - n : self._top].flip(0)
+        self._top -= n
+        return ids
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
         if need_size < 0:
             raise AllocatorError(f"need_size must be >= 0, got {need_size}")
-        if need_size > self._top:
+        reserved = self._reserved
+        if reserved is not None and need_size and need_size <= reserved.numel():
+            ids = reserved[:need_size]
+            self._reserved = reserved[need_size:]
+            self._is_reserved[ids] = False
+        elif need_size > self._top:
             return None
-        ids = self._stack[self._top - need_size : self._top].flip(0)
-        self._top -= need_size
+        else:
+            ids = self._pop(need_size)
         self._is_free[ids] = False
         return ids if self.device == _CPU else ids.to(self.device)
+
+    def alloc_group_begin(self, num_reqs: int) -> None:
+        """Reserve ``num_reqs`` slots that the following ``alloc`` calls hand out (see the
+        class doc); raises :class:`AllocatorError` when fewer are free or a group is open."""
+        if not isinstance(num_reqs, int) or isinstance(num_reqs, bool) or num_reqs < 0:
+            raise AllocatorError(f"num_reqs must be an int >= 0, got {num_reqs!r}")
+        if self._reserved is not None:
+            raise AllocatorError(
+                "alloc_group_begin called while an alloc group is open "
+                f"({self._reserved.numel()} slot(s) still reserved); call alloc_group_end first"
+            )
+        if num_reqs > self._top:
+            raise AllocatorError(
+                f"alloc_group_begin({num_reqs}): only {self._top} request slot(s) are free; "
+                "nothing was reserved"
+            )
+        ids = self._pop(num_reqs).clone()  # owned: the stack is written in place
+        self._is_free[ids] = False
+        self._is_reserved[ids] = True
+        self._reserved = ids
+
+    def alloc_group_end(self) -> None:
+        """Close the open alloc group and put its slots not handed out back on the free list
+        (the next ``alloc`` hands them out first, in the same order)."""
+        reserved = self._reserved
+        if reserved is None:
+            raise AllocatorError("alloc_group_end called without alloc_group_begin")
+        self._reserved = None
+        n = reserved.numel()
+        if n:
+            self._stack[self._top : self._top + n] = reserved.flip(0)
+            self._top += n
+            self._is_reserved[reserved] = False
+            self._is_free[reserved] = True
 
     def free(self, indices: torch.Tensor) -> None:
         """Release request slots; a bad call raises and changes nothing."""
@@ -227,6 +303,12 @@ class MambaSlotAllocator(FreeGroup):
         already = self._is_free[ids]
         if bool(already.any()):
             raise DoubleFreeError(f"request slot {int(ids[already][0])} is already free")
+        reserved = self._is_reserved[ids]
+        if bool(reserved.any()):
+            raise DoubleFreeError(
+                f"request slot {int(ids[reserved][0])} is reserved by the open alloc group and "
+                "was not handed out: it is not allocated"
+            )
         n = ids.numel()
         self._stack[self._top : self._top + n] = ids.flip(0)
         self._top += n
@@ -238,29 +320,39 @@ class MambaSlotAllocator(FreeGroup):
         free_calls_one_by_one(calls, self.free)
 
     def backup_state(self) -> object:
-        """The free slots, copied: the stack is written in place, so a reference would not do."""
+        """The free slots, copied (the stack is written in place, so a reference would not
+        do), and the open alloc group's reservation (None: no group open)."""
         self._flush_group()
-        return ("mamba-slot-allocator", id(self), self._stack[: self._top].clone())
+        reserved = None if self._reserved is None else self._reserved.clone()
+        return ("mamba-slot-allocator", id(self), self._stack[: self._top].clone(), reserved)
 
     def restore_state(self, state: object) -> None:
-        """Bring back the free slots of ``state`` (undoing every alloc and free since)."""
+        """Bring back the free slots and the alloc group of ``state`` (undoing every alloc,
+        free, begin and end since)."""
         if not (
             isinstance(state, tuple)
-            and len(state) == 3
+            and len(state) == 4
             and state[:2] == ("mamba-slot-allocator", id(self))
             and isinstance(state[2], torch.Tensor)
+            and (state[3] is None or isinstance(state[3], torch.Tensor))
         ):
             raise AllocatorError("restore_state got a state this allocator did not back up")
-        free = state[2]
+        free, reserved = state[2], state[3]
         self._forget_collected()
         self._top = free.numel()
         self._stack[: self._top] = free
         self._is_free.fill_(False)
         self._is_free[free] = True
+        self._is_reserved.fill_(False)
+        self._reserved = None if reserved is None else reserved.clone()
+        if reserved is not None:
+            self._is_reserved[reserved] = True
 
     def clear(self) -> None:
-        """Every request slot but 0 free again."""
+        """Every request slot but 0 free again; an open alloc group is closed."""
         self._group = None
+        self._reserved = None
+        self._is_reserved.fill_(False)
         torch.arange(self.size, 0, -1, out=self._stack)
         self._is_free.fill_(True)
         self._is_free[0] = False

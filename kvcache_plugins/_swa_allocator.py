@@ -312,6 +312,12 @@ class SWASlotAllocator(FreeGroup):
         The slots are range-checked here (the window side must read the table at them); a
         double free of a full slot surfaces when the full side checks its queued frees, and
         then the call's window slots are kept (see the module doc).
+
+        Host syncs when the ids live on an accelerator (pinned by
+        tests/allocators/test_host_syncs.py): one read for the range and slot-0 checks
+        together, one ``nonzero`` for the tokens holding a window slot, and a ``unique`` when
+        paged. Why not queued like the plain allocator: the table entries are cleared now, and
+        which window slots the call releases decides what :attr:`_held` keeps for a rollback.
         """
         if self._collect(indices):
             return
@@ -319,18 +325,26 @@ class SWASlotAllocator(FreeGroup):
 
     def _free_one(self, indices: torch.Tensor, *, settle_if_due: bool) -> None:
         mapping = self.full_to_swa_index_mapping
+        limit = self.full_size + self.page_size
         slots = check_slots(
-            indices, limit=self.full_size + self.page_size, allow_zero=True, device=mapping.device
+            indices, limit=limit, allow_zero=True, device=mapping.device, check_values=False
         )
         if slots.numel() == 0:
             return
-        if bool((slots == 0).any()):
+        # Range and slot 0 in one read (one sync on an accelerator, not two).
+        out_of_range, zero = torch.stack(
+            [((slots < 0) | (slots >= limit)).any(), (slots == 0).any()]
+        ).tolist()
+        if out_of_range:
+            check_slots(slots, limit=limit, allow_zero=True)  # raises, naming the slot
+        if zero:
             raise DoubleFreeError("slot 0 is reserved and is never allocated")
         call = slots.clone()  # owned: the caller may reuse ``indices``
         cleared = self._page_slots(call)
         window = mapping[cleared]
-        held = window > 0
-        if bool(held.any()):
+        # Positions holding a window slot: one read gives both "any?" and the selection.
+        held = (window > 0).nonzero().reshape(-1)
+        if held.numel():
             cleared, window = cleared[held], window[held]
             mapping[cleared] = 0
             self._held[id(call)] = (call, cleared, window)  # the call keeps its id unique

@@ -358,10 +358,7 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
         page_size = self.page_size
         pages, rest = divmod(need_size, page_size)
         if rest or need_size < 0:
-            raise AllocatorError(
-                f"need_size must be a non-negative multiple of page_size {page_size}, got "
-                f"{need_size}; use alloc_extend/alloc_decode for partial pages"
-            )
+            self._pages_for(need_size)  # raises
         free = self._free
         if pages > free.top and not self._reserve(pages):
             return None
@@ -369,6 +366,17 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
         if page_size != 1:
             ids = self._slots_of(ids)
         return ids if self._on_host else ids.to(self.device)
+
+    def _pages_for(self, need_size: int) -> int:
+        """The pages ``alloc(need_size)`` takes, or the error a bad ``need_size`` gets
+        (composites check it before they look at room on their other side)."""
+        pages, rest = divmod(need_size, self.page_size)
+        if rest or need_size < 0:
+            raise AllocatorError(
+                f"need_size must be a non-negative multiple of page_size {self.page_size}, got "
+                f"{need_size}; use alloc_extend/alloc_decode for partial pages"
+            )
+        return pages
 
     def free(self, indices: torch.Tensor) -> None:
         """Release slots (and so their whole pages). Checked in a batch; see the module doc."""

@@ -537,3 +537,75 @@ def test_mamba_slot_backup_is_a_copy():
     alloc.restore_state(state)
     assert alloc.available_size() == 4
     assert sorted(alloc.alloc(4).tolist()) == [3, 4, 5, 6]
+
+
+def test_mamba_alloc_group_hands_out_its_reservation_slot_by_slot():
+    """engine-pools.md section 14: begin reserves a batch, alloc(1) hands it out, end returns
+    the rest, in order, so the allocator is as a group that handed out nothing found it."""
+    from kvcache_plugins._mamba_state import MambaSlotAllocator
+
+    alloc = MambaSlotAllocator(6)
+    untouched = MambaSlotAllocator(6)
+    alloc.alloc_group_begin(3)
+    assert alloc.available_size() == 3 and alloc.alloc_group_reserved() == 3
+    assert alloc.alloc(1).tolist() == [1]  # the reservation, lowest first
+    assert alloc.alloc(1).tolist() == [2]
+    assert alloc.alloc(2).tolist() == [4, 5]  # more than is left reserved: the free list
+    with pytest.raises(DoubleFreeError, match="request slot 3 is reserved"):
+        alloc.free(torch.tensor([3]))
+    alloc.alloc_group_end()
+    assert alloc.available_size() == 2 and alloc.alloc_group_reserved() == 0
+    assert alloc.alloc(2).tolist() == [3, 6]  # the returned slot comes out first
+    alloc.clear()
+    alloc.alloc_group_begin(4)
+    alloc.alloc_group_end()
+    assert alloc.alloc(6).tolist() == untouched.alloc(6).tolist()
+
+
+def test_mamba_alloc_group_misuse_raises_and_changes_nothing():
+    from kvcache_plugins._mamba_state import MambaSlotAllocator
+
+    alloc = MambaSlotAllocator(4)
+    held = alloc.alloc(2)
+    with pytest.raises(AllocatorError, match="without alloc_group_begin"):
+        alloc.alloc_group_end()
+    with pytest.raises(AllocatorError, match=r"only 2 request slot\(s\) are free"):
+        alloc.alloc_group_begin(3)
+    for bad in (-1, 1.0, True, "1"):
+        with pytest.raises(AllocatorError, match="num_reqs must be an int"):
+            alloc.alloc_group_begin(bad)  # type: ignore[arg-type]
+    assert alloc.available_size() == 2 and alloc.alloc_group_reserved() == 0
+    alloc.alloc_group_begin(1)
+    with pytest.raises(AllocatorError, match="alloc group is open"):
+        alloc.alloc_group_begin(1)
+    assert alloc.available_size() == 1 and alloc.alloc_group_reserved() == 1
+    alloc.alloc_group_end()
+    assert alloc.available_size() == 2 and held is not None
+
+
+def test_mamba_alloc_group_backup_restore_and_clear():
+    """A backup records the open group; restore brings it back (or closes it, for a backup
+    taken before the begin); clear frees everything and closes the group."""
+    from kvcache_plugins._mamba_state import MambaSlotAllocator
+
+    alloc = MambaSlotAllocator(6)
+    before = alloc.backup_state()
+    alloc.alloc_group_begin(3)
+    first = alloc.alloc(1)
+    inside = alloc.backup_state()
+    alloc.alloc(1)
+    alloc.alloc_group_end()
+    alloc.restore_state(inside)  # the group is open again, with two slots left
+    assert alloc.alloc_group_reserved() == 2 and alloc.available_size() == 3
+    assert alloc.alloc(1).tolist() == [2] and first.tolist() == [1]
+    alloc.restore_state(before)  # before the begin: no group, everything free
+    assert alloc.alloc_group_reserved() == 0 and alloc.available_size() == 6
+    with pytest.raises(AllocatorError, match="without alloc_group_begin"):
+        alloc.alloc_group_end()
+    alloc.alloc_group_begin(2)
+    alloc.alloc(1)
+    alloc.clear()
+    assert alloc.available_size() == 6 and alloc.alloc_group_reserved() == 0
+    with pytest.raises(AllocatorError, match="without alloc_group_begin"):
+        alloc.alloc_group_end()
+    assert alloc.alloc(6).tolist() == [1, 2, 3, 4, 5, 6]

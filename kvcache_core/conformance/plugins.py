@@ -2,8 +2,10 @@
 
 Discovery would drop a drifted spec (that is its job); the checker must see it to say what is
 wrong. So this loads each entry point in isolation, calls its hook through discovery's own
-loader, and keeps every spec, valid or not. A plugin that fails to import or register becomes a
-load-error result, never an exception.
+loader, and keeps every spec whose signatures can be compared, valid or not. A plugin that fails
+to import or register, and a spec that discovery rejects before validating it (not a PoolSpec, a
+contract version this kvcache does not know, a pool or allocator "class" that is not a class:
+``discovery.spec_shape_problem``), becomes a load-error result, never an exception.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import pluggy
 
 from .. import hookspecs
 from ..contracts.spec import CAPABILITY_PROTOCOLS, PoolSpec
-from ..discovery import PluginInfo, load_plugin_specs
+from ..discovery import PluginInfo, load_plugin_specs, spec_shape_problem
 from .model import CheckResult, Finding, Outcome
 from .target import ClassTarget
 
@@ -97,12 +99,14 @@ def _load_specs(ep: metadata.EntryPoint) -> tuple[list[PoolSpec], list[CheckResu
     good: list[PoolSpec] = []
     errors: list[CheckResult] = []
     for spec in specs:
-        if isinstance(spec, PoolSpec):
+        problem = spec_shape_problem(spec)
+        if problem is None:
+            assert isinstance(spec, PoolSpec)
             good.append(spec)
+        elif isinstance(spec, PoolSpec):
+            errors.append(_load_failed(ep.name, f"pool {spec.name!r}: {problem}"))
         else:
-            errors.append(
-                _load_failed(ep.name, f"hook returned {type(spec).__name__}, not PoolSpec")
-            )
+            errors.append(_load_failed(ep.name, problem))
     return good, errors
 
 

@@ -260,7 +260,11 @@ TestPagedHiSparse = _case(PagedHiSparseMachine, 20)
 
 # -- the Mamba request-slot allocator (eager checks, no queue) ----------------------------------
 class MambaSlotMachine(RuleBasedStateMachine):
-    """Frees are checked on the spot here: a bad one raises at once (in a group: at the end)."""
+    """Frees are checked on the spot here: a bad one raises at once (in a group: at the end).
+
+    Alloc groups too: ``self.group`` is the set of slots the open group reserved and has not
+    handed out (None: no group open); ``alloc`` inside a group must hand out reserved slots
+    while enough are left, and the free list only otherwise."""
 
     SIZE = 12
 
@@ -269,9 +273,44 @@ class MambaSlotMachine(RuleBasedStateMachine):
         self.alloc = MambaSlotAllocator(self.SIZE)
         self.reqs: list[list[int]] = []
         self.saved: Any = None
+        self.group: set[int] | None = None
 
     def live(self) -> set[int]:
         return {s for r in self.reqs for s in r}
+
+    def reserved(self) -> set[int]:
+        return set() if self.group is None else self.group
+
+    def free_list(self) -> int:
+        return self.SIZE - len(self.live()) - len(self.reserved())
+
+    @rule(n=st.integers(0, 6))
+    def group_begin(self, n: int) -> None:
+        if self.group is not None or n > self.free_list():
+            before = self.alloc.backup_state()
+            with pytest.raises(AllocatorError, match="alloc_group_begin"):
+                self.alloc.alloc_group_begin(n)
+            after = self.alloc.backup_state()
+            assert torch.equal(before[2], after[2]) and self.alloc.alloc_group_reserved() == (
+                len(self.reserved())
+            )
+            return
+        free_before = set(self.alloc.backup_state()[2].tolist())
+        self.alloc.alloc_group_begin(n)
+        free_after = set(self.alloc.backup_state()[2].tolist())
+        assert free_after <= free_before and len(free_before - free_after) == n
+        self.group = free_before - free_after
+        assert self.alloc.alloc_group_reserved() == n
+
+    @rule()
+    def group_end(self) -> None:
+        if self.group is None:
+            with pytest.raises(AllocatorError, match="without alloc_group_begin"):
+                self.alloc.alloc_group_end()
+            return
+        self.alloc.alloc_group_end()
+        self.group = None
+        assert self.alloc.alloc_group_reserved() == 0
 
     @initialize()
     def start(self) -> None:
@@ -280,12 +319,18 @@ class MambaSlotMachine(RuleBasedStateMachine):
     @rule(n=st.integers(0, 4))
     def alloc_slots(self, n: int) -> None:
         out = self.alloc.alloc(n)
-        if n > self.SIZE - len(self.live()):
+        from_group = self.group is not None and 0 < n <= len(self.group)
+        if not from_group and n > self.free_list():
             assert out is None
             return
         assert out is not None and out.numel() == n
         slots = out.tolist()
         assert not set(slots) & self.live() and len(set(slots)) == n
+        if from_group:
+            assert self.group is not None and set(slots) <= self.group, "not from the group"
+            self.group -= set(slots)
+        else:
+            assert not set(slots) & self.reserved(), "a reserved slot handed out past the group"
         if slots:
             self.reqs.append(slots)
 
@@ -300,6 +345,7 @@ class MambaSlotMachine(RuleBasedStateMachine):
             reqs = [self.reqs[i] for i in picked]
         victim = None
         if bad == "free":
+            # a free slot, or one the open group reserved (not allocated either)
             free = sorted(set(range(1, self.SIZE + 1)) - self.live())
             victim = [data.draw(st.sampled_from(free))] if free else None
         elif bad == "dup":
@@ -323,22 +369,27 @@ class MambaSlotMachine(RuleBasedStateMachine):
         if victim:
             assert re.search(rf"request slot {victim[0]}\b", str(errors[0])), str(errors[0])
         self._drop(reqs)
-        assert self.alloc.available_size() == self.SIZE - len(self.live())
+        assert self.alloc.available_size() == self.free_list()
 
     @rule()
     def backup(self) -> None:
-        self.saved = (self.alloc.backup_state(), [list(r) for r in self.reqs])
+        group = None if self.group is None else set(self.group)
+        self.saved = (self.alloc.backup_state(), [list(r) for r in self.reqs], group)
 
     @rule()
     @precondition(lambda self: self.saved is not None)
     def restore(self) -> None:
         self.alloc.restore_state(self.saved[0])
         self.reqs = [list(r) for r in self.saved[1]]
+        self.group = None if self.saved[2] is None else set(self.saved[2])
+        assert self.alloc.alloc_group_reserved() == len(self.reserved())
 
     @rule()
     def clear(self) -> None:
         self.alloc.clear()
         self.reqs = []
+        self.group = None
+        assert self.alloc.alloc_group_reserved() == 0
 
     @rule(which=st.sampled_from(["float", "range", "zero", "size", "foreign", "nested"]))
     def rejected_call(self, which: str) -> None:
@@ -366,7 +417,8 @@ class MambaSlotMachine(RuleBasedStateMachine):
 
     @invariant()
     def exact_size(self) -> None:
-        assert self.alloc.available_size() == self.SIZE - len(self.live())
+        assert self.alloc.available_size() == self.free_list()
+        assert self.alloc.alloc_group_reserved() == len(self.reserved())
 
 
 TestMambaSlots = _case(MambaSlotMachine, 60)

@@ -289,3 +289,70 @@ def test_every_format_renders_through_the_real_renderers(fmt, tmp_path, capsys):
     assert "parameter-not-forwarded" in text
     if fmt in ("json", "sarif"):
         json.loads(text)
+
+
+JUNK_SPECS = {
+    "pool-class-is-an-instance": (
+        "PoolSpec('junk', MHATokenToKVPool.__new__(MHATokenToKVPool), PagedSlotAllocator, "
+        "create, frozenset({Capability.OFFLOAD}))",
+        "pool_class is MHATokenToKVPool",
+    ),
+    "allocator-class-is-an-instance": (
+        "PoolSpec('junk', MHATokenToKVPool, object(), create)",
+        "allocator_class is object",
+    ),
+    "allocator-class-is-none": (
+        "PoolSpec('junk', MHATokenToKVPool, None, create)",
+        "allocator_class is NoneType None, not a class",
+    ),
+    "future-contract": (
+        "PoolSpec('junk', MHATokenToKVPool, PagedSlotAllocator, create, contract_version=99)",
+        "built for contract 99",
+    ),
+    "contract-not-an-int": (
+        "PoolSpec('junk', MHATokenToKVPool, PagedSlotAllocator, create, contract_version='2')",
+        "contract_version must be an int",
+    ),
+    "the-class-poolspec": ("PoolSpec", "hook returned the class PoolSpec"),
+    "not-a-spec": ("{'name': 'junk'}", "hook returned dict"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(JUNK_SPECS))
+def test_a_junk_spec_is_a_load_error_naming_the_problem_not_a_traceback(
+    case, run_cli, fake_site, isolated_modules
+):
+    """The checker's loader uses discovery's own shape check: a spec discovery rejects before
+    validating it is a ``load-error`` result with the same reason, and the plugin's other
+    (good) spec is still checked."""
+    expression, reason = JUNK_SPECS[case]
+    fake_site(
+        "kv-junk",
+        entry_points={"kvjunk": "kvfake_junk"},
+        modules={
+            "kvfake_junk": f"""
+                from kvcache_core import Capability, PoolSpec, hookimpl
+                from kvcache_plugins import mha
+                from kvcache_plugins.mha import MHATokenToKVPool, create
+                from kvcache_plugins.allocators import PagedSlotAllocator
+
+                @hookimpl
+                def kvcache_pool_specs():
+                    good = mha.kvcache_pool_specs()[0]
+                    return [{expression}, PoolSpec("fine", good.pool_class,
+                            good.allocator_class, good.factory, good.capabilities)]
+            """
+        },
+    )
+    run = run_cli("check", "kvjunk", "--level", "signature")
+    assert run.code == 1, (run.err, run.results)
+    assert "Traceback" not in run.err
+    load = [r for r in run.results if r.check == "load"]
+    assert [r.target for r in load] == ["plugin:kvjunk"], run.results
+    assert load[0].outcome is Outcome.ERROR
+    (finding,) = load[0].findings
+    assert finding.rule == "load-error" and reason in finding.message, finding.message
+    discovered = discover(allow={"kvjunk"})
+    assert any(reason in r.reason for r in discovered.rejected), discovered.rejected
+    checked = {r.target for r in run.results if r.check.startswith("signature")}
+    assert "kvcache_plugins.mha.MHATokenToKVPool" in checked  # the good spec still checked

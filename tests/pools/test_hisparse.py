@@ -496,3 +496,138 @@ def test_store_and_device_are_one_write_checked_before_either(corruption, call):
         else:
             pool.set_mla_kv_buffer(Layer(1), new, latent[..., :rank], latent[..., rank:])
     assert_only_rows_changed(before, pool)
+
+
+@pytest.mark.parametrize("how", ["free_device", "free"])
+def test_restore_never_exposes_a_device_row_reused_since_the_backup(how):
+    """A page resident at the backup, made non-resident after it, whose device page another
+    request then took and wrote: ``restore_state`` makes it resident again at that device page,
+    which must then hold this page's rows again, for reads, offload and kernels alike."""
+    pool, alloc = make(size=4, page_size=2, layer_num=1, start_layer=0)
+    gen = torch.Generator().manual_seed(11)
+    a = alloc.alloc(2)
+    assert a is not None
+    write_everything(pool, a, gen, ["bare"])
+    expected = mla_reads(pool, a)
+    state = alloc.backup_state()
+    dev_at_backup = pool.translate_loc_to_device(a).clone()
+    if how == "free_device":
+        alloc.free_device(a)
+    else:
+        alloc.free(a)
+    b = alloc.alloc(4)  # every device page, the one ``a`` had included
+    assert b is not None
+    write_everything(pool, b, gen, ["bare"])
+    alloc.restore_state(state)
+    dev = pool.translate_loc_to_device(a)
+    assert torch.equal(dev, dev_at_backup)
+    for layer_id in layer_ids(pool):  # what a kernel reads by device slot equals the store
+        kernel_rows = pool.get_key_buffer(layer_id)[dev]
+        assert same_bytes(kernel_rows, pool.get_logical_key_buffer(layer_id)[a])
+    if how == "free_device":  # the logical rows were never rewritten: the original content
+        assert all_same_bytes(mla_reads(pool, a), expected)
+        assert same_bytes(
+            pool.get_cpu_copy(a).parts["latent"],
+            torch.stack(store_latents(pool, a)),
+        )
+
+
+def test_restore_keeps_device_rows_of_pages_whose_residency_did_not_change():
+    """Only pages whose device page changed are refilled: a page resident at the same device
+    page before and after the restore keeps its device rows (a kernel's in-place device write
+    is not overwritten from the store)."""
+    pool, alloc = make(size=4, page_size=2, layer_num=1, start_layer=0)
+    gen = torch.Generator().manual_seed(12)
+    a = alloc.alloc(2)
+    assert a is not None
+    write_everything(pool, a, gen, ["bare"])
+    state = alloc.backup_state()
+    dev = pool.translate_loc_to_device(a)
+    kernel_write = torch.full_like(pool.get_key_buffer(0)[dev], 3.0)
+    pool.get_key_buffer(0)[dev] = kernel_write
+    alloc.restore_state(state)
+    assert same_bytes(pool.get_key_buffer(0)[dev], kernel_write)
+
+
+def _device_full() -> tuple[HiSparseTokenToKVPool, HiSparseSlotAllocator, torch.Tensor]:
+    """Every device page taken; logical room left; one request of 3 tokens (slots 2..4 when
+    P=2: its last page is partial)."""
+    pool, alloc = make()
+    req = alloc.alloc_extend(torch.tensor([0]), torch.tensor([3]), torch.tensor([-1]), 3)
+    assert req is not None
+    assert alloc.alloc(alloc.device_available_size()) is not None
+    assert alloc.device_available_size() == 0 and alloc.logical_available_size() > 0
+    return pool, alloc, req
+
+
+BAD_EXTENDS = {
+    "count-mismatch": ([0], [4], [-1], 3),
+    "lengths-differ": ([0, 0], [2], [-1], 2),
+    "seq-shorter-than-prefix": ([4], [2], [7], -2),
+    "stale-last-loc": ([3], [5], [13], 2),  # page 6 was never allocated
+    "last-loc-at-wrong-offset": ([3], [5], [3], 2),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_EXTENDS))
+def test_bad_alloc_extend_raises_even_when_the_device_is_full(case):
+    """Bad arguments get their own error first, not a None that reads as "no room"."""
+    pool, alloc, _ = _device_full()
+    prefix, seq, last, n = BAD_EXTENDS[case]
+    saved = (table(pool), alloc.logical_available_size(), alloc.device_available_size())
+    with pytest.raises(AllocatorError):
+        alloc.alloc_extend(torch.tensor(prefix), torch.tensor(seq), torch.tensor(last), n)
+    assert torch.equal(table(pool), saved[0])
+    assert (alloc.logical_available_size(), alloc.device_available_size()) == saved[1:]
+
+
+BAD_DECODES = {
+    "lengths-differ": ([3, 2], [4]),
+    "seq-zero": ([0], [-1]),
+    "stale-last-loc": ([4], [13]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_DECODES))
+def test_bad_alloc_decode_raises_even_when_the_device_is_full(case):
+    _pool, alloc, _ = _device_full()
+    seq, last = BAD_DECODES[case]
+    with pytest.raises(AllocatorError):
+        alloc.alloc_decode(torch.tensor(seq), torch.tensor(last))
+
+
+@pytest.mark.parametrize("need", [3, -2])
+def test_bad_alloc_sizes_raise_even_when_the_device_is_full(need):
+    _, alloc, _ = _device_full()
+    with pytest.raises(AllocatorError):
+        alloc.alloc(need)
+    with pytest.raises(AllocatorError):
+        alloc.alloc_logical_only(need)
+
+
+@pytest.mark.parametrize("full", [False, True], ids=["room", "device-full"])
+@pytest.mark.parametrize("bad", ["free-slots", "page-0", "freed", "out-of-range", "float"], ids=str)
+def test_alloc_device_refuses_slots_that_are_not_allocated(full, bad):
+    """``alloc_device`` makes *allocated* logical slots resident: slots of a free page (never
+    allocated, or freed) or of the padding page are refused with an error, device full or not,
+    and nothing changes (a free page marked resident would be handed out later still holding
+    a device page)."""
+    pool, alloc = make()
+    cold = alloc.alloc_logical_only(2)
+    gone = alloc.alloc_logical_only(2)
+    assert cold is not None and gone is not None
+    if full:
+        assert alloc.alloc(alloc.device_available_size()) is not None
+    alloc.free(gone)  # still queued: alloc_device must settle it to see the page is free
+    arg = {
+        "free-slots": torch.tensor([14, 15]),
+        "page-0": torch.tensor([1]),
+        "freed": gone,
+        "out-of-range": torch.tensor([18]),
+        "float": torch.tensor([2.0]),
+    }[bad]
+    saved = (table(pool), alloc.logical_available_size(), alloc.device_available_size())
+    with pytest.raises((AllocatorError, InvalidSlotError)):
+        alloc.alloc_device(arg)
+    assert torch.equal(table(pool), saved[0])
+    assert (alloc.logical_available_size(), alloc.device_available_size()) == saved[1:]
