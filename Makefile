@@ -1,11 +1,13 @@
-# Everything a fresh machine needs: `make check` (the main job) and `make test` (the suite).
+# Everything a fresh machine needs: `make check` (the main job), `make test` (the suite) and
+# `make docs` (the site with its API reference, built strictly: any warning fails).
 # torch is pinned through constraints/torch-cpu.txt so pip takes the CPU wheel, never a CUDA build.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.kvcache-installed
+DOCS_STAMP := $(VENV)/.kvcache-docs-installed
 
-.PHONY: setup check test lint typecheck unit bench clean interop
+.PHONY: setup check test lint typecheck unit docs bench clean interop
 
 setup: $(STAMP)
 
@@ -31,6 +33,14 @@ unit: setup
 
 test: lint typecheck unit
 
+# The docs extra on top of the dev install (ruff formats the rendered signatures).
+$(DOCS_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/python -m pip install --quiet -c constraints/torch-cpu.txt -e ".[dev,docs]"
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	$(BIN)/mkdocs build --strict --clean
+
 bench: setup
 	$(BIN)/python benchmarks/bench.py
 	$(BIN)/python benchmarks/bench_types_level.py
@@ -51,4 +61,4 @@ interop:
 	$(INTEROP_BIN)/python interop/differential.py
 
 clean:
-	rm -rf $(VENV) $(INTEROP_VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(INTEROP_VENV) .mypy_cache .ruff_cache .pytest_cache site

@@ -115,6 +115,8 @@ def __dir__() -> list[str]:
 
 
 __version__ = "0.1.0"
+"""This kvcache release (the distribution's version; the contract has its own,
+[`CONTRACT_VERSION`][kvcache_core.CONTRACT_VERSION])."""
 
 __all__ = [
     "CONTRACT_VERSION",

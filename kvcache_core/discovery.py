@@ -99,7 +99,18 @@ class AcceptedPool:
 
 @dataclass(frozen=True)
 class Rejection:
-    """A plugin (or one pool of a plugin) that discovery refused, and why."""
+    """A plugin (or one pool of a plugin) that discovery refused, and why.
+
+    Kept in [`Registry.rejected`][kvcache_core.Registry] rather than raised, so one broken
+    plugin never stops an engine from starting with the others; ``str()`` is the one-line
+    report ``kvcache list`` prints.
+
+    :param plugin: The entry point (name, target, distribution and version).
+    :param reason: Why, in one line: an import error's summary, contract drift, a duplicate name.
+    :param pool: The pool's name when one pool of the plugin was refused; None for the plugin.
+    :param findings: The checker's findings when the reason is contract drift.
+    :param spec: The spec, when the plugin returned one.
+    """
 
     plugin: PluginInfo
     reason: str
@@ -117,22 +128,38 @@ class Rejection:
 
 @dataclass
 class Registry:
-    """Accepted pools by name, rejected plugins with reasons, plugins skipped by policy."""
+    """What [`discover`][kvcache_core.discover] found: accepted pools by name, rejected plugins
+    with reasons, plugins skipped by policy.
+
+    An engine builds pools only through ``create``, so it only ever gets a pool whose classes
+    passed validation; ``rejected`` and ``skipped`` are there to report, not to use.
+
+    :param accepted: Validated pools by pool name, each with its spec and plugin.
+    :param rejected: Every [`Rejection`][kvcache_core.Rejection], in discovery order.
+    :param skipped: Plugins not loaded because of the allow/deny lists or autoload, with why.
+    """
 
     accepted: dict[str, AcceptedPool] = field(default_factory=dict)
     rejected: list[Rejection] = field(default_factory=list)
     skipped: list[tuple[PluginInfo, str]] = field(default_factory=list)
 
     def names(self) -> list[str]:
+        """The accepted pools' names, sorted."""
         return sorted(self.accepted)
 
     def warnings(self, name: str) -> tuple[Finding, ...]:
-        """Source findings of the accepted pool ``name`` (see :attr:`AcceptedPool.warnings`)."""
+        """Body-rule warnings on the accepted pool ``name`` (what ``kvcache check`` reports from
+        its methods' bodies); computed on first use. Raises like ``spec``."""
         if name not in self.accepted:
             self.spec(name)  # raises UnknownPoolError with the reason
         return self.accepted[name].warnings
 
     def spec(self, name: str) -> PoolSpec:
+        """The accepted spec of pool ``name``.
+
+        :raises UnknownPoolError: No accepted pool has that name; the message lists the
+            accepted ones and, when the pool was rejected, why.
+        """
         try:
             return self.accepted[name].spec
         except KeyError:
@@ -145,7 +172,12 @@ class Registry:
             ) from None
 
     def create(self, name: str, config: PoolConfig) -> tuple[Any, Any]:
-        """Build the pool ``name`` and its allocator from ``config``."""
+        """Build the pool ``name`` and its allocator from ``config``: ``(pool, allocator)``.
+
+        :raises UnknownPoolError: As ``spec``.
+        :raises TypeError: The factory returned something that is not a
+            [`KVPool`][kvcache_core.KVPool] (caught here, not at the first write).
+        """
         spec = self.spec(name)
         pool, allocator = spec.factory(config)
         if not isinstance(pool, KVPool):
@@ -340,13 +372,25 @@ def discover(
     plugins: Sequence[ModuleType | object] = (),
     group: str = hookspecs.ENTRY_POINT_GROUP,
 ) -> Registry:
-    """Load, validate and register every kvcache pool plugin.
+    """Load, validate and register every kvcache pool plugin: what an engine calls at start-up.
 
-    ``allow``/``deny`` name entry points (plugins); they default to ``$KVCACHE_PLUGINS`` and
-    ``$KVCACHE_DISABLE_PLUGINS`` (comma-separated). With autoload off (argument, or
-    ``$KVCACHE_DISABLE_PLUGIN_AUTOLOAD=1``) only entry points named in the allow list load.
-    ``plugins`` are extra plugin objects (modules) registered directly, e.g. in tests.
-    ``strict`` raises :class:`PluginRejectedError` listing every rejection.
+    Each entry point of the ``kvcache.pools`` group is loaded in isolation, and each spec's
+    classes are checked against the contract with the checker's signature level. Whatever a
+    plugin does wrong (an import error, a drifted signature, a duplicate pool name) rejects
+    that plugin only, with the reason in [`Registry.rejected`][kvcache_core.Registry]: the
+    engine starts with the others instead of crashing at the first retraction.
+
+    :param strict: Raise instead of isolating: every rejection, and every pool with a body-rule
+        warning, fails discovery (for CI and for engines that would rather not start).
+    :param allow: Entry-point (plugin) names to load, all others skipped; default
+        ``$KVCACHE_PLUGINS`` (comma-separated), or all when unset.
+    :param deny: Entry-point names to skip; default ``$KVCACHE_DISABLE_PLUGINS``.
+    :param autoload: False loads only the entry points named in the allow list; default off
+        when ``$KVCACHE_DISABLE_PLUGIN_AUTOLOAD=1``, else on.
+    :param plugins: Extra plugin objects (modules) registered directly, e.g. in tests.
+    :param group: The entry-point group to read.
+    :returns: The [`Registry`][kvcache_core.Registry].
+    :raises PluginRejectedError: With ``strict``, listing every rejection.
     """
     allowed = set(allow) if allow is not None else _names_from_env(ENV_ALLOW)
     denied = set(deny) if deny is not None else (_names_from_env(ENV_DENY) or set())

@@ -1,6 +1,6 @@
 """Exception types shared by the contract, the built-in plugins and discovery.
 
-Every error a pool raises on bad input derives from :class:`KVCacheError` *and* from the
+Every error a pool raises on bad input derives from ``KVCacheError`` *and* from the
 builtin exception a caller would naturally catch (``ValueError``, ``IndexError``,
 ``TypeError``), so engines can catch either the precise kvcache type or the generic one.
 """
@@ -22,7 +22,12 @@ __all__ = [
 
 
 class KVCacheError(Exception):
-    """Base class of every error raised by kvcache."""
+    """Base class of every error raised by kvcache.
+
+    Every error a pool raises on bad input also derives from the builtin exception a caller
+    would naturally catch (``ValueError``, ``IndexError``, ``TypeError``), so an engine can
+    catch either the precise kvcache type or the generic one.
+    """
 
 
 class InvalidSlotError(KVCacheError, IndexError):

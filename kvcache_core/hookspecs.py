@@ -18,6 +18,18 @@ ENTRY_POINT_GROUP = "kvcache.pools"
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+"""Marks a plugin's ``kvcache_pool_specs()`` hook, which returns a list of
+[`PoolSpec`][kvcache_core.PoolSpec].
+
+pluggy only calls functions carrying the marker of its own project, so a plain function named
+``kvcache_pool_specs`` is not picked up (discovery rejects such a plugin and says why):
+
+    from kvcache_core import PoolSpec, hookimpl
+
+    @hookimpl
+    def kvcache_pool_specs() -> list[PoolSpec]:
+        return [PoolSpec(name="my-pool", ...)]
+"""
 
 
 @hookspec

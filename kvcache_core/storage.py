@@ -25,7 +25,14 @@ def _fp8_dtypes() -> tuple[torch.dtype, ...]:
 
 
 def storage_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype a buffer is stored in: fp8 is kept as uint8 (indexing kernels lack fp8)."""
+    """The dtype a buffer of compute dtype ``dtype`` is stored in.
+
+    fp8 is kept as uint8 because torch's indexing kernels (``index_select``, ``index_copy_``)
+    lack fp8: storing the bytes lets every pool gather and scatter fp8 caches with the same
+    fast paths, viewing them back as fp8 for kernels.
+
+    :raises UnsupportedDtypeError: ``dtype`` is not a ``torch.dtype``, or is not floating point.
+    """
     if not isinstance(dtype, torch.dtype):
         raise UnsupportedDtypeError(f"dtype must be a torch.dtype, got {dtype!r}")
     if dtype in _fp8_dtypes():
@@ -39,14 +46,31 @@ def storage_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def host_empty(shape: Sequence[int], dtype: torch.dtype, for_device: torch.device) -> torch.Tensor:
-    """An uninitialised host tensor; pinned when it will be copied from or to a GPU."""
+    """An uninitialised host tensor to copy device rows into (or from).
+
+    Pinned when ``for_device`` is CUDA, because only pinned memory makes those copies
+    asynchronous; never pinned for CPU pools, where pinning costs time and needs a GPU build.
+    Uninitialised because the caller overwrites every element (zeroing would double the cost
+    of an offload).
+    """
     return torch.empty(tuple(shape), dtype=dtype, pin_memory=for_device.type == "cuda")
 
 
 class LayerRows:
-    """``layers`` buffers of ``rows`` rows of ``row_shape``, held in one tensor.
+    """``layers`` buffers of ``rows`` rows of ``row_shape``, held in one zeroed tensor.
 
-    ``dtype`` is the compute dtype callers see; the data is kept in ``storage_dtype(dtype)``.
+    The storage every built-in pool keeps its per-layer rows in, public so third-party pools
+    get the same fast, fp8-safe offload without re-deriving it: one tensor
+    ``[layers, rows, *row_shape]`` in [`storage_dtype(dtype)`][kvcache_core.storage_dtype],
+    viewed per layer in the compute dtype, gathered into a preallocated host tensor with
+    ``index_select`` and scattered back with ``index_copy_``.
+
+    :param layers: Number of layers (index them ``0 .. layers - 1``, local to the pool).
+    :param rows: Rows per layer (``size + page_size`` for a token pool: slot 0 is padding).
+    :param row_shape: Shape of one row, e.g. ``(head_num, head_dim)``.
+    :param dtype: The compute dtype callers see.
+    :param device: Where the tensor lives.
+    :raises UnsupportedDtypeError: ``dtype`` cannot be stored (see ``storage_dtype``).
     """
 
     def __init__(
@@ -67,14 +91,17 @@ class LayerRows:
 
     @property
     def layers(self) -> int:
+        """Number of layers held."""
         return int(self.data.shape[0])
 
     @property
     def rows(self) -> int:
+        """Rows per layer."""
         return int(self.data.shape[1])
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the whole tensor (what ``get_kv_size_bytes`` adds up)."""
         return self.data.numel() * self.data.element_size()
 
     def layer(self, local_id: int) -> torch.Tensor:

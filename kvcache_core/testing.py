@@ -1,7 +1,7 @@
 """The behaviour battery inside a pool author's own pytest suite.
 
 Two functions are the whole API, because a parametrized test is how pytest users already
-spell "one test per case", and it composes with their fixtures, marks and ``-k``::
+spell "one test per case", and it composes with their fixtures, marks and ``-k``:
 
     import pytest
     from kvcache_core.testing import check_conformance, conformance_cases
@@ -10,13 +10,15 @@ spell "one test per case", and it composes with their fixtures, marks and ``-k``
     def test_conformance(spec, check_id):
         check_conformance(spec, check_id)
 
-* :func:`conformance_cases` turns pools (names of installed pools or plugins, or ``PoolSpec``
-  objects not installed at all) into ``pytest.param(spec, check_id)`` cases, one per check
-  that applies, with readable ids (``fused-mha-behaviour/write-forms-agree``). A declared
-  expected failure becomes a *strict* ``xfail`` mark with its reason, so it shows as xfailed,
-  and a check that starts passing fails the run until the declaration is removed.
-* :func:`check_conformance` runs one check and raises :class:`ConformanceFailure` (an
-  ``AssertionError``) whose text is the finding: message, hint and a runnable reproduction.
+* [`conformance_cases`][kvcache_core.testing.conformance_cases] turns pools (names of
+  installed pools or plugins, or ``PoolSpec`` objects not installed at all) into
+  ``pytest.param(spec, check_id)`` cases, one per check that applies, with readable ids
+  (``fused-mha-behaviour/write-forms-agree``). A declared expected failure becomes a *strict*
+  ``xfail`` mark with its reason, so it shows as xfailed, and a check that starts passing
+  fails the run until the declaration is removed.
+* [`check_conformance`][kvcache_core.testing.check_conformance] runs one check and raises
+  [`ConformanceFailure`][kvcache_core.testing.ConformanceFailure] (an ``AssertionError``) whose
+  text is the finding: message, hint and a runnable reproduction.
   It knows nothing of expected failures: the marks say what is expected, the function only
   says what happened.
 
@@ -87,9 +89,11 @@ def check_conformance(
 ) -> None:
     """Run behaviour check ``check_id`` on ``spec`` (or on the installed pool of that name).
 
-    Returns when the pool behaves; raises :class:`ConformanceFailure` with the finding when it
+    Returns when the pool behaves; raises
+    [`ConformanceFailure`][kvcache_core.testing.ConformanceFailure] with the finding when it
     does not (a hang past ``timeout_s`` counts as a failure). Expected failures declared on the
-    spec are ignored here: see :func:`conformance_cases` for how they are honoured.
+    spec are ignored here: see [`conformance_cases`][kvcache_core.testing.conformance_cases] for
+    how they are honoured.
     """
     if isinstance(spec, str):
         spec = discover().spec(spec)  # UnknownPoolError names the accepted pools

@@ -30,9 +30,28 @@ def check_slots(
 ) -> torch.Tensor:
     """Validate slot indices and return them as a 1-D int64 tensor on ``device``.
 
-    Valid slots are ``[1, limit)`` (``[0, limit)`` with ``allow_zero``, for padded writes).
-    ``check_values=False`` skips the value checks, which read the tensor back and would
-    synchronise an accelerator; dtype and rank are always checked.
+    Pools call this before touching a buffer so that a bad index raises a precise error instead
+    of writing into the padding slot, wrapping around (negative indices) or corrupting another
+    request's rows. The flags differ by call site, which is why they are flags:
+
+    :param indices: What the caller passed: an integer tensor, 1-D or a scalar.
+    :param limit: One past the largest valid slot: the buffer's row count (``size + page_size``
+        for a token pool).
+    :param name: How the message names the argument (``"loc"``, ``"indices"`` ...).
+    :param allow_zero: Accept slot 0, the padding slot, which padded writes (batches rounded
+        up to a kernel's size) legitimately target; valid slots are then ``[0, limit)``
+        instead of ``[1, limit)``.
+    :param allow_duplicates: Accept a slot named twice. Off where a repeat would be a bug
+        whose result depends on write order (frees, loads into new slots).
+    :param check_values: Run the range and duplicate checks. They read the tensor back, which
+        synchronises an accelerator, so hot GPU paths turn them off
+        ([`PoolConfig.validate_write_slots`][kvcache_core.PoolConfig]); dtype and rank are
+        always checked.
+    :param device: Move the result there (None: leave it where it is).
+    :returns: The slots, flattened, as int64.
+    :raises InvalidSlotError: Not a tensor, not an integer dtype, more than 1-D, out of range,
+        padding slot 0 without ``allow_zero``, or a duplicate without ``allow_duplicates``; the
+        message names the first offending position and value.
     """
     if not isinstance(indices, torch.Tensor):
         raise InvalidSlotError(f"{name} must be a torch.Tensor of slot ids, got {type(indices)}")
@@ -76,6 +95,14 @@ def check_rows(
 
     A row with the right number of elements but another shape (``[n, H*D]`` for ``[n, H, D]``)
     is accepted and viewed, as engines commonly pass flattened heads.
+
+    :param tensor: What the caller passed as values to write.
+    :param name: How the message names the argument (``"cache_k"`` ...).
+    :param rows: How many rows it must hold (one per slot written).
+    :param row_shape: The shape of one stored row.
+    :returns: ``tensor``, reshaped to ``[rows, *row_shape]`` when it was flattened.
+    :raises ShapeMismatchError: Not a tensor, not floating point, or the wrong size; the
+        message gives both shapes.
     """
     if not isinstance(tensor, torch.Tensor):
         raise ShapeMismatchError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")

@@ -29,34 +29,58 @@ class TokenAllocator(Protocol):
     size: int
     page_size: int
 
-    def available_size(self) -> int: ...
+    def available_size(self) -> int:
+        """Free slots: the free pages times ``page_size``, exactly (queued frees settled)."""
+        ...
 
-    def alloc(self, need_size: int) -> torch.Tensor | None: ...
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        """``need_size`` free slots, or None when short: never a partial allocation, so the
+        scheduler can retract and retry without leaking what a partial call took."""
+        ...
 
-    def free(self, indices: torch.Tensor) -> None: ...
+    def free(self, indices: torch.Tensor) -> None:
+        """Return slots. A slot already free, or slot 0, raises
+        [`DoubleFreeError`][kvcache_core.DoubleFreeError] naming it; the other frees apply."""
+        ...
 
-    def free_group_begin(self) -> None: ...
+    def free_group_begin(self) -> None:
+        """Start collecting frees, to release them together at ``free_group_end``."""
+        ...
 
-    def free_group_end(self) -> None: ...
+    def free_group_end(self) -> None:
+        """Release the frees collected since ``free_group_begin``."""
+        ...
 
-    def backup_state(self) -> object: ...
+    def backup_state(self) -> object:
+        """An opaque copy of the free list, every earlier free included (open groups too)."""
+        ...
 
-    def restore_state(self, state: object) -> None: ...
+    def restore_state(self, state: object) -> None:
+        """Go back to a ``backup_state()``: undoes exactly what came after it."""
+        ...
 
-    def clear(self) -> None: ...
+    def clear(self) -> None:
+        """Free every slot (slot 0 stays reserved)."""
+        ...
 
-    def get_kvcache(self) -> KVPool: ...
+    def get_kvcache(self) -> KVPool:
+        """The pool this allocator hands out slots of."""
+        ...
 
     def get_cpu_copy(
         self, indices: torch.Tensor, mamba_indices: torch.Tensor | None = None
-    ) -> KVSnapshot: ...
+    ) -> KVSnapshot:
+        """The pool's ``get_cpu_copy``, with its exact signature, forwarding every argument."""
+        ...
 
     def load_cpu_copy(
         self,
         snapshot: KVSnapshot,
         indices: torch.Tensor,
         mamba_indices: torch.Tensor | None = None,
-    ) -> None: ...
+    ) -> None:
+        """The pool's ``load_cpu_copy``, with its exact signature, forwarding every argument."""
+        ...
 
 
 @runtime_checkable
@@ -69,11 +93,19 @@ class PagedAllocator(TokenAllocator, Protocol):
         seq_lens: torch.Tensor,
         last_loc: torch.Tensor,
         extend_num_tokens: int,
-    ) -> torch.Tensor | None: ...
+    ) -> torch.Tensor | None:
+        """Slots for ``extend_num_tokens`` new tokens of a batch of requests (prefill).
 
-    def alloc_decode(
-        self, seq_lens: torch.Tensor, last_loc: torch.Tensor
-    ) -> torch.Tensor | None: ...
+        Each request grows from ``prefix_lens`` to ``seq_lens`` tokens and continues the page of
+        its ``last_loc`` before taking new pages, so a request's tokens stay page-contiguous.
+        None when short, taking nothing; a ``last_loc`` in a free page raises a
+        [`KVCacheError`][kvcache_core.KVCacheError].
+        """
+        ...
+
+    def alloc_decode(self, seq_lens: torch.Tensor, last_loc: torch.Tensor) -> torch.Tensor | None:
+        """One slot per request for a decode step, after ``last_loc``; as ``alloc_extend``."""
+        ...
 
 
 @runtime_checkable
@@ -87,13 +119,21 @@ class SWAAllocator(TokenAllocator, Protocol):
     when the window side cannot supply them. ``backup_state`` covers both sides and the table.
     """
 
-    def full_available_size(self) -> int: ...
+    def full_available_size(self) -> int:
+        """Free slots on the full-attention side."""
+        ...
 
-    def swa_available_size(self) -> int: ...
+    def swa_available_size(self) -> int:
+        """Free slots on the window side."""
+        ...
 
-    def free_swa(self, indices: torch.Tensor) -> None: ...
+    def free_swa(self, indices: torch.Tensor) -> None:
+        """Release the window slots of full slots ``indices`` (tokens that left the window)."""
+        ...
 
-    def translate_loc_from_full_to_swa(self, kv_indices: torch.Tensor) -> torch.Tensor: ...
+    def translate_loc_from_full_to_swa(self, kv_indices: torch.Tensor) -> torch.Tensor:
+        """The window slots of full slots ``kv_indices`` (0 where a token has none)."""
+        ...
 
 
 @runtime_checkable
@@ -106,10 +146,18 @@ class MambaSlotAllocator(Protocol):
 
     size: int
 
-    def available_size(self) -> int: ...
+    def available_size(self) -> int:
+        """Free request slots."""
+        ...
 
-    def alloc(self, need_size: int) -> torch.Tensor | None: ...
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        """``need_size`` request slots, or None when short (never partial)."""
+        ...
 
-    def free(self, indices: torch.Tensor) -> None: ...
+    def free(self, indices: torch.Tensor) -> None:
+        """Return request slots; slot 0, a free slot or a repeat raises before any change."""
+        ...
 
-    def clear(self) -> None: ...
+    def clear(self) -> None:
+        """Free every request slot."""
+        ...

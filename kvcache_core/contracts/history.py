@@ -101,3 +101,8 @@ _V2 = ContractVersion(
 )
 
 VERSIONS: Mapping[int, ContractVersion] = MappingProxyType({1: _V1, 2: _V2})
+"""Every published contract version by number: its method signatures and what changed.
+
+Kept as data, not old Protocol classes, so the checker can say "matches contract 1" about an
+implementation written before a change, and point at the change, instead of only "drifted".
+"""

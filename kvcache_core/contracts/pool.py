@@ -32,7 +32,9 @@ class LayerLike(Protocol):
     """Anything that tells a pool which layer it is: an attention module, or a tiny record."""
 
     @property
-    def layer_id(self) -> int: ...
+    def layer_id(self) -> int:
+        """The global layer id (a pool that holds layers from ``start_layer`` subtracts it)."""
+        ...
 
 
 @runtime_checkable
@@ -45,11 +47,21 @@ class KVPool(Protocol):
     device: torch.device
     layer_num: int
 
-    def get_key_buffer(self, layer_id: int) -> torch.Tensor: ...
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        """The key buffer of ``layer_id`` (``size + page_size`` rows), as kernels index it.
 
-    def get_value_buffer(self, layer_id: int) -> torch.Tensor: ...
+        A view, not a copy: attention kernels read and write it in place. An id the pool does
+        not hold raises [`InvalidLayerError`][kvcache_core.InvalidLayerError].
+        """
+        ...
 
-    def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        """The value buffer of ``layer_id``; like ``get_key_buffer`` (MLA: a view of the key)."""
+        ...
+
+    def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(get_key_buffer(layer_id), get_value_buffer(layer_id))`` in one call."""
+        ...
 
     def set_kv_buffer(
         self,
@@ -59,9 +71,25 @@ class KVPool(Protocol):
         cache_v: torch.Tensor,
         k_scale: float | None = None,
         v_scale: float | None = None,
-    ) -> None: ...
+    ) -> None:
+        """Write one forward pass's keys and values of ``layer`` at ``loc``.
 
-    def get_kv_size_bytes(self) -> int: ...
+        ``loc`` is a slot tensor or a [`KVWriteLoc`][kvcache_core.KVWriteLoc]; a pool unwraps
+        it with [`unwrap_write_loc`][kvcache_core.unwrap_write_loc] (indexing a buffer with the
+        record itself is the bug that motivated the record's check). ``cache_k``/``cache_v``
+        hold one row per slot; ``k_scale``/``v_scale`` divide the values before an fp8 pool
+        stores them. Bad slots or shapes raise before any row is written.
+        """
+        ...
+
+    def get_kv_size_bytes(self) -> int:
+        """Bytes of every per-token-slot buffer the pool allocates, each storage counted once.
+
+        What engines size their memory budget with, so views of one storage count once and
+        Mamba request state, slot tables and allocator bookkeeping do not count (the contract
+        page spells out the bounds the behaviour battery holds it to).
+        """
+        ...
 
 
 @runtime_checkable
@@ -70,14 +98,27 @@ class OffloadablePool(KVPool, Protocol):
 
     def get_cpu_copy(
         self, indices: torch.Tensor, mamba_indices: torch.Tensor | None = None
-    ) -> KVSnapshot: ...
+    ) -> KVSnapshot:
+        """Copy the rows of token slots ``indices`` (and request slots ``mamba_indices``, for
+        pools with recurrent state) to the host, as a [`KVSnapshot`][kvcache_core.KVSnapshot].
+
+        A copy, never a view: the slots are freed and reused right after a retraction.
+        """
+        ...
 
     def load_cpu_copy(
         self,
         snapshot: KVSnapshot,
         indices: torch.Tensor,
         mamba_indices: torch.Tensor | None = None,
-    ) -> None: ...
+    ) -> None:
+        """Write ``snapshot`` back at newly allocated ``indices`` (same count, same order).
+
+        A snapshot that does not fit this pool raises
+        [`SnapshotMismatchError`][kvcache_core.SnapshotMismatchError] before any byte is
+        written ([`expect_snapshot`][kvcache_core.expect_snapshot] does the checking).
+        """
+        ...
 
 
 @runtime_checkable
@@ -99,14 +140,18 @@ class MLAPool(KVPool, Protocol):
         loc: KVWriteLoc | torch.Tensor,
         cache_k_nope: torch.Tensor,
         cache_k_rope: torch.Tensor,
-    ) -> None: ...
+    ) -> None:
+        """Store ``[cache_k_nope | cache_k_rope]`` as the latent row of each slot of ``loc``."""
+        ...
 
     def get_mla_kv_buffer(
         self,
         layer: LayerLike,
         loc: torch.Tensor,
         dst_dtype: torch.dtype | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``(nope, rope)`` halves of the rows at ``loc``, copied, in ``dst_dtype``."""
+        ...
 
 
 @runtime_checkable
@@ -127,11 +172,15 @@ class IndexerKeyPool(KVPool, Protocol):
         loc: torch.Tensor,
         index_k: torch.Tensor,
         index_k_scale: torch.Tensor,
-    ) -> None: ...
+    ) -> None:
+        """Store each slot's indexer key and its float32 scale, wherever its page lies."""
+        ...
 
     def get_index_k_scale_buffer(
         self, layer_id: int, loc: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``(index_k, index_k_scale)`` of the slots ``loc``, as stored."""
+        ...
 
 
 @runtime_checkable
@@ -149,9 +198,13 @@ class SlidingWindowPool(KVPool, Protocol):
 
     swa_layer_ids: tuple[int, ...]
 
-    def register_mapping(self, full_to_swa_index_mapping: torch.Tensor) -> None: ...
+    def register_mapping(self, full_to_swa_index_mapping: torch.Tensor) -> None:
+        """Adopt the allocator's full -> window table (shared, not copied: it changes live)."""
+        ...
 
-    def translate_loc_from_full_to_swa(self, kv_indices: torch.Tensor) -> torch.Tensor: ...
+    def translate_loc_from_full_to_swa(self, kv_indices: torch.Tensor) -> torch.Tensor:
+        """The window slots of full slots ``kv_indices`` (0 where a token has none)."""
+        ...
 
 
 @runtime_checkable
@@ -167,11 +220,17 @@ class MambaStatePool(Protocol):
 
     mamba_layer_ids: tuple[int, ...]
 
-    def get_mamba_state(self, layer_id: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]: ...
+    def get_mamba_state(self, layer_id: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        """``(conv states, temporal state)`` of global layer ``layer_id``, as kernels use them."""
+        ...
 
-    def clear_slots(self, indices: torch.Tensor) -> None: ...
+    def clear_slots(self, indices: torch.Tensor) -> None:
+        """Zero the state of request slots ``indices``, so a new request starts clean."""
+        ...
 
-    def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None: ...
+    def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy the state of request slots ``src`` to ``dst`` (forking a request's prefix)."""
+        ...
 
 
 @runtime_checkable
@@ -188,8 +247,14 @@ class HiSparsePool(KVPool, Protocol):
 
     device_size: int
 
-    def register_logical_to_device(self, logical_to_device: torch.Tensor) -> None: ...
+    def register_logical_to_device(self, logical_to_device: torch.Tensor) -> None:
+        """Adopt the allocator's logical -> device table (shared, not copied)."""
+        ...
 
-    def translate_loc_to_device(self, loc: torch.Tensor) -> torch.Tensor: ...
+    def translate_loc_to_device(self, loc: torch.Tensor) -> torch.Tensor:
+        """The device slots of logical slots ``loc`` (-1 where a slot is not resident)."""
+        ...
 
-    def load_to_device(self, logical: torch.Tensor, device_slots: torch.Tensor) -> None: ...
+    def load_to_device(self, logical: torch.Tensor, device_slots: torch.Tensor) -> None:
+        """Copy logical rows ``logical`` into ``device_slots`` and record them in the table."""
+        ...

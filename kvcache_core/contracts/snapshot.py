@@ -19,16 +19,36 @@ from ..errors import SnapshotMismatchError
 
 __all__ = ["KVSnapshot", "PartLayout", "expect_snapshot"]
 
-#: Expected (shape, dtype) of one snapshot part.
 PartLayout = tuple[tuple[int, ...], torch.dtype]
+"""Expected ``(shape, dtype)`` of one snapshot part, as
+[`expect_snapshot`][kvcache_core.expect_snapshot] takes it and
+[`KVSnapshot.layout`][kvcache_core.KVSnapshot.layout] returns it.
+
+Shape and dtype only, never values: enough to refuse a snapshot from another pool or config
+before any byte is written, and cheap to compare.
+"""
 
 
 @dataclass(frozen=True)
 class KVSnapshot:
-    """A host-side copy of some slots of a pool.
+    """A host-side copy of some slots of a pool: what ``get_cpu_copy`` returns on retraction
+    and ``load_cpu_copy`` takes back on resume.
 
-    ``token_count`` is the number of indices the snapshot was taken at: ``load_cpu_copy`` must be
-    given exactly that many new indices, in the same order.
+    Self-describing so that loading it into the wrong pool fails before a byte is written. The
+    constructor freezes ``parts``, ``children`` and ``meta`` (copies them into read-only
+    mappings): a snapshot is a value, shared between threads and retries.
+
+    :param pool_kind: The kind of pool it was taken from (``"mha"``, ``"mla"`` ...).
+    :param dtype: The pool's compute dtype.
+    :param token_count: How many indices it was taken at: ``load_cpu_copy`` must be given
+        exactly that many new indices, in the same order.
+    :param parts: Named host tensors (copies, never views of the pool's buffers).
+    :param children: Snapshots of the parts of a composite pool (SWA's window side, hybrid
+        Mamba state), by name; None for a part that held nothing.
+    :param meta: Small plain values a pool checks on load (a config fingerprint, a mask's
+        meaning).
+    :raises ValueError: ``token_count`` is negative.
+    :raises TypeError: A part is not a ``torch.Tensor``.
     """
 
     pool_kind: str
@@ -69,10 +89,22 @@ def expect_snapshot(
     parts: Mapping[str, PartLayout],
     meta: Mapping[str, object] | None = None,
 ) -> KVSnapshot:
-    """Check that ``snapshot`` fits a pool; raise :class:`SnapshotMismatchError` otherwise.
+    """Check that ``snapshot`` fits a pool before ``load_cpu_copy`` writes any of it.
 
-    The message names both sides (what the snapshot holds, what the pool expects), in the style
-    of mypy's stubtest, so the caller can tell a wrong pool from a wrong index count.
+    Every pool's ``load_cpu_copy`` calls this first, so a wrong snapshot is refused with the
+    same wording everywhere and never half-loaded. The message names both sides (what the
+    snapshot holds, what the pool expects), in the style of mypy's stubtest, so the caller can
+    tell a wrong pool from a wrong index count.
+
+    :param snapshot: What the caller passed (anything: a non-snapshot is refused too).
+    :param kind: The loading pool's kind; must equal ``snapshot.pool_kind``.
+    :param dtype: The loading pool's compute dtype.
+    :param token_count: How many indices the caller gave ``load_cpu_copy``.
+    :param parts: Every part the pool expects, by name, as a
+        [`PartLayout`][kvcache_core.PartLayout]; extra or missing parts are refused.
+    :param meta: Entries ``snapshot.meta`` must hold with equal values (others are ignored).
+    :returns: ``snapshot``, typed as a [`KVSnapshot`][kvcache_core.KVSnapshot].
+    :raises SnapshotMismatchError: The first mismatch found, naming both sides.
     """
     if not isinstance(snapshot, KVSnapshot):
         raise SnapshotMismatchError(f"expected a KVSnapshot, got {type(snapshot).__name__}")

@@ -35,12 +35,30 @@ __all__ = [
     "PoolSpec",
 ]
 
-#: The contract version this kvcache release defines (see ``history``).
 CONTRACT_VERSION = 2
+"""The contract version this kvcache release defines.
+
+A [`PoolSpec`][kvcache_core.PoolSpec] declares the version it was written against, so
+discovery can tell a plugin written for an older contract (and say what changed since, from
+[`VERSIONS`][kvcache_core.VERSIONS]) from one that simply drifted.
+"""
 
 
 class Capability(str, enum.Enum):
-    """Optional capabilities a pool (or its allocator) may declare."""
+    """Optional capabilities a pool (or its allocator) may declare.
+
+    Each one names a Protocol that discovery and the checker then hold the class to, on top of
+    [`KVPool`][kvcache_core.KVPool] and [`TokenAllocator`][kvcache_core.TokenAllocator]:
+    ``offload`` -> [`OffloadablePool`][kvcache_core.OffloadablePool],
+    ``mla`` -> [`MLAPool`][kvcache_core.MLAPool],
+    ``indexer`` -> [`IndexerKeyPool`][kvcache_core.IndexerKeyPool],
+    ``sliding-window`` -> [`SlidingWindowPool`][kvcache_core.SlidingWindowPool],
+    ``mamba-state`` -> [`MambaStatePool`][kvcache_core.MambaStatePool],
+    ``hisparse`` -> [`HiSparsePool`][kvcache_core.HiSparsePool], and ``paged`` ->
+    [`PagedAllocator`][kvcache_core.PagedAllocator] (on the allocator). Declaring a capability
+    is what lets an engine rely on it without probing the object. A ``str`` enum, so specs and
+    configuration files may spell a capability by its value.
+    """
 
     OFFLOAD = "offload"
     MLA = "mla"
@@ -79,8 +97,38 @@ def _as_device(value: str | torch.device) -> torch.device:
 class PoolConfig:
     """Everything an engine tells a pool factory. Common fields first, then per-kind ones.
 
-    ``size`` counts usable token slots (slot 0 is extra). For Mamba state, ``mamba_size`` counts
-    request slots. ``options`` carries third-party, plugin-specific settings.
+    One frozen record for every pool kind, so an engine builds any pool the same way: fields a
+    kind does not use are ignored by it. The constructor validates what every kind needs.
+
+    :param size: Usable token slots (buffers get ``size + page_size`` rows: slot 0 is padding).
+    :param layer_num: Layers this pool holds, starting at ``start_layer``.
+    :param head_num: KV heads per token.
+    :param head_dim: Key head size.
+    :param page_size: Slots per page; allocators hand out whole pages.
+    :param dtype: Compute dtype; fp8 dtypes are stored as uint8
+        (see [`storage_dtype`][kvcache_core.storage_dtype]).
+    :param device: Where the buffers live; a string such as ``"cuda:0"`` is converted.
+    :param v_head_dim: Value head size, when it differs from ``head_dim``.
+    :param start_layer: Global id of the first layer (pipeline stages hold a slice).
+    :param kv_lora_rank: MLA/DSA/HiSparse: latent ("nope") width.
+    :param qk_rope_head_dim: MLA/DSA/HiSparse: rope width.
+    :param index_head_dim: DSA: indexer key width.
+    :param hisparse_ratio: HiSparse: logical slots per device slot.
+    :param swa_layer_ids: SWA: global ids of the sliding-window layers.
+    :param swa_size: SWA: window-side slots.
+    :param swa_head_num: SWA: window layers' KV heads, when they differ.
+    :param swa_head_dim: SWA: window layers' head size, when it differs.
+    :param mamba_layer_ids: Mamba: global ids of the recurrent layers.
+    :param mamba_size: Mamba: request slots (not token slots).
+    :param conv_state_shapes: Mamba: per-request shape of each conv state.
+    :param temporal_state_shape: Mamba: per-request shape of the temporal state.
+    :param mamba_dtype: Mamba: state dtype (default ``dtype``).
+    :param validate_write_slots: Range-check every write's slots. Doing so reads them back,
+        which synchronises an accelerator, so None means on for CPU pools, off elsewhere; shape
+        and dtype checks always run.
+    :param options: Third-party, plugin-specific settings (frozen on construction).
+    :raises ValueError: A common size field is not a positive int, or ``start_layer`` < 0.
+    :raises TypeError: ``dtype`` is not a ``torch.dtype``.
     """
 
     size: int
@@ -141,7 +189,27 @@ PoolFactory = Callable[[PoolConfig], "tuple[Any, Any]"]
 
 @dataclass(frozen=True)
 class PoolSpec:
-    """What a plugin declares for one pool kind it provides."""
+    """What a plugin declares for one pool kind it provides: returned by its
+    ``kvcache_pool_specs()`` hook (see [`hookimpl`][kvcache_core.hookimpl]).
+
+    The spec names the classes rather than only a factory so that discovery and the checker
+    can validate signatures *before* anything is built, and an engine never meets a pool whose
+    offload or write methods drifted.
+
+    :param name: The pool's name in the registry (letters, digits, ``-`` and ``_``).
+    :param pool_class: The pool class, checked against [`KVPool`][kvcache_core.KVPool] and the
+        Protocols of ``capabilities``.
+    :param allocator_class: The allocator class, checked against
+        [`TokenAllocator`][kvcache_core.TokenAllocator] (and ``PagedAllocator`` with ``paged``).
+    :param factory: Builds ``(pool, allocator)`` from a [`PoolConfig`][kvcache_core.PoolConfig].
+    :param capabilities: [`Capability`][kvcache_core.Capability] values (or their strings).
+    :param contract_version: The contract the classes were written against.
+    :param description: One line for ``kvcache list``.
+    :param behaviour_config: The config the behaviour battery builds this pool with.
+    :param expected_failures: Behaviour checks this pool is known to fail, with reasons.
+    :raises ValueError: A bad ``name``, or an expected failure without a reason.
+    :raises TypeError: ``factory`` is not callable or ``behaviour_config`` is not a config.
+    """
 
     name: str
     pool_class: type

@@ -2,7 +2,7 @@
 
 Engines compute the sliding-window slots once per forward pass and hand every pool the same
 record. A pool that forgot to unwrap the record (and indexed a buffer with the record itself)
-broke scaled MLA prefill in production, so every pool goes through :func:`unwrap_write_loc`.
+broke scaled MLA prefill in production, so every pool goes through ``unwrap_write_loc``.
 """
 
 from __future__ import annotations
@@ -16,12 +16,19 @@ __all__ = ["KVWriteLoc", "unwrap_write_loc"]
 
 @dataclass(frozen=True)
 class KVWriteLoc:
-    """Write locations for one forward pass.
+    """Write locations for one forward pass, as ``set_kv_buffer``'s ``loc`` accepts them.
 
-    ``loc`` are full-attention token slots. ``swa_loc`` are the matching sliding-window slots,
-    when the engine already translated them; ``None`` asks a windowed pool to translate ``loc``
-    itself. ``full_loc`` overrides ``loc`` for full-attention layers when it differs (it falls
-    back to ``loc``).
+    Engines compute the sliding-window slots once per forward pass and hand every pool the same
+    record, instead of each windowed layer translating ``loc`` again. Pools read it with
+    [`unwrap_write_loc`][kvcache_core.unwrap_write_loc], never by indexing with the record.
+
+    :param loc: Full-attention token slots.
+    :param swa_loc: The matching sliding-window slots, when the engine already translated them;
+        None asks a windowed pool to translate ``loc`` itself.
+    :param full_loc: Overrides ``loc`` for full-attention layers when it differs (it falls back
+        to ``loc``).
+    :raises TypeError: A field is not a ``torch.Tensor`` (or None), caught here rather than as
+        a confusing indexing error inside a pool.
     """
 
     loc: torch.Tensor
@@ -43,7 +50,15 @@ class KVWriteLoc:
 
 
 def unwrap_write_loc(loc: KVWriteLoc | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Return ``(full_slots, swa_slots_or_None)`` for either accepted form of ``loc``."""
+    """Return ``(full_slots, swa_slots_or_None)`` for either accepted form of ``loc``.
+
+    ``set_kv_buffer`` accepts a bare slot tensor (contract 1's form, still what most engines
+    pass) or a [`KVWriteLoc`][kvcache_core.KVWriteLoc]; one helper for both keeps every pool
+    from re-implementing, and forgetting, the unwrapping (the checker's
+    ``writeloc-not-unwrapped`` rule looks for pools that skip it).
+
+    :raises TypeError: ``loc`` is neither form.
+    """
     if isinstance(loc, KVWriteLoc):
         return loc.full, loc.swa_loc
     if isinstance(loc, torch.Tensor):
