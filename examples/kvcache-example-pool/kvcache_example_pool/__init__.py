@@ -17,6 +17,7 @@ from kvcache_core import (
     KVWriteLoc,
     LayerLike,
     LayerRows,
+    PagedSlotAllocator,
     PoolConfig,
     PoolSpec,
     check_rows,
@@ -25,7 +26,6 @@ from kvcache_core import (
     hookimpl,
     unwrap_write_loc,
 )
-from kvcache_plugins.allocators import PagedSlotAllocator
 
 __all__ = ["FusedMHAPool", "create", "kvcache_pool_specs"]
 
