@@ -60,6 +60,7 @@ if TYPE_CHECKING:
         UnsupportedDtypeError,
     )
     from .hookspecs import hookimpl
+    from .quantized import QuantizedLayerRows
     from .storage import LayerRows, host_empty, storage_dtype
     from .validation import check_rows, check_slots
 
@@ -107,6 +108,7 @@ _LAZY: dict[str, str] = {
     "UnsupportedDtypeError": ".errors",
     "hookimpl": ".hookspecs",
     "LayerRows": ".storage",
+    "QuantizedLayerRows": ".quantized",
     "host_empty": ".storage",
     "storage_dtype": ".storage",
     "check_rows": ".validation",
@@ -157,6 +159,7 @@ __all__ = [
     "PluginRejectedError",
     "PoolConfig",
     "PoolSpec",
+    "QuantizedLayerRows",
     "Registry",
     "Rejection",
     "SWAAllocator",
