@@ -64,3 +64,48 @@ def test_bad_settings_are_refused():
         QuantizedLayerRows(1, 2, (4,), dtype=torch.float32, device=CPU, quant_dtype=torch.int32)
     with pytest.raises(ShapeMismatchError):
         QuantizedLayerRows(1, 2, (4,), dtype=torch.float32, device=CPU, block=3)
+
+
+def _example_spec(monkeypatch, pool_class=None):
+    """The example's spec, optionally with another pool class (imported from the checkout)."""
+    import dataclasses
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "examples" / "kvcache-example-pool"
+    monkeypatch.syspath_prepend(str(root))
+    import kvcache_example_pool as example
+
+    (spec,) = example.kvcache_pool_specs()
+    if pool_class is None:
+        return spec, example
+
+    def create(config):
+        pool = pool_class(config)
+        return pool, example.PagedSlotAllocator(config.size, config.page_size, pool)
+
+    return dataclasses.replace(spec, pool_class=pool_class, factory=create), example
+
+
+def test_the_int8_example_passes_the_whole_battery_in_process(monkeypatch):
+    from kvcache_core.testing import check_conformance, conformance_cases
+
+    spec, _ = _example_spec(monkeypatch)
+    cases = conformance_cases(spec)
+    assert len(cases) >= 10
+    for case in cases:
+        check_conformance(*case.values)
+
+
+def test_kv_size_bytes_still_catches_a_quantised_pool_that_under_counts(monkeypatch):
+    """A dequantised copy counts half a byte per value: not a free pass."""
+    from kvcache_core.testing import check_conformance
+
+    _, example = _example_spec(monkeypatch)
+
+    class UnderCounting(example.Int8MHAPool):
+        def get_kv_size_bytes(self) -> int:
+            return 1
+
+    spec, _ = _example_spec(monkeypatch, UnderCounting)
+    with pytest.raises(AssertionError, match="under-counted"):
+        check_conformance(spec, "kv-size-bytes")
