@@ -262,7 +262,7 @@ class NaiveFreeList:
 
 
 def bench_allocator(quick: bool, repeat: int) -> None:
-    from kvcache_plugins.allocators import PagedSlotAllocator
+    from kvcache_core import PagedSlotAllocator
     from kvcache_plugins.mha import MHATokenToKVPool
 
     size, cycles, chunk = 65536, (2000 if quick else 20000), 256

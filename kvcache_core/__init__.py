@@ -1,7 +1,8 @@
 """kvcache: pluggable, conformance-checked KV-cache pools for LLM serving engines.
 
 The public face: the contract (Protocols, ``KVWriteLoc``, ``KVSnapshot``, specs), the hook
-markers for plugin authors, ``discover()`` for engines, and the input checks pools share.
+markers for plugin authors, ``discover()`` for engines, and the helpers pools share (input
+checks, per-layer storage, and the allocators the built-in pools use).
 
 Names are imported on first use (PEP 562): ``kvcache_core.pytest_plugin`` is loaded by every
 pytest run in an environment where kvcache is installed, and importing this package must not
@@ -14,6 +15,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .allocation import (
+        ForwardsOffload,
+        FreeGroup,
+        PagedSlotAllocator,
+        TokenSlotAllocator,
+        free_calls_one_by_one,
+    )
     from .contracts import (
         CONTRACT_VERSION,
         VERSIONS,
@@ -52,6 +60,7 @@ if TYPE_CHECKING:
         UnsupportedDtypeError,
     )
     from .hookspecs import hookimpl
+    from .quantized import QuantizedLayerRows
     from .storage import LayerRows, host_empty, storage_dtype
     from .validation import check_rows, check_slots
 
@@ -79,6 +88,11 @@ _LAZY: dict[str, str] = {
     "VERSIONS": ".contracts",
     "expect_snapshot": ".contracts",
     "unwrap_write_loc": ".contracts",
+    "ForwardsOffload": ".allocation",
+    "FreeGroup": ".allocation",
+    "PagedSlotAllocator": ".allocation",
+    "TokenSlotAllocator": ".allocation",
+    "free_calls_one_by_one": ".allocation",
     "Registry": ".discovery",
     "Rejection": ".discovery",
     "discover": ".discovery",
@@ -94,6 +108,7 @@ _LAZY: dict[str, str] = {
     "UnsupportedDtypeError": ".errors",
     "hookimpl": ".hookspecs",
     "LayerRows": ".storage",
+    "QuantizedLayerRows": ".quantized",
     "host_empty": ".storage",
     "storage_dtype": ".storage",
     "check_rows": ".validation",
@@ -124,6 +139,8 @@ __all__ = [
     "AllocatorError",
     "Capability",
     "DoubleFreeError",
+    "ForwardsOffload",
+    "FreeGroup",
     "HiSparsePool",
     "IndexerKeyPool",
     "InvalidLayerError",
@@ -139,10 +156,12 @@ __all__ = [
     "MambaStatePool",
     "OffloadablePool",
     "PagedAllocator",
+    "PagedSlotAllocator",
     "PartLayout",
     "PluginRejectedError",
     "PoolConfig",
     "PoolSpec",
+    "QuantizedLayerRows",
     "Registry",
     "Rejection",
     "SWAAllocator",
@@ -150,6 +169,7 @@ __all__ = [
     "SlidingWindowPool",
     "SnapshotMismatchError",
     "TokenAllocator",
+    "TokenSlotAllocator",
     "UnknownPoolError",
     "UnsupportedDtypeError",
     "__version__",
@@ -157,6 +177,7 @@ __all__ = [
     "check_slots",
     "discover",
     "expect_snapshot",
+    "free_calls_one_by_one",
     "hookimpl",
     "host_empty",
     "storage_dtype",

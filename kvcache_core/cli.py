@@ -15,6 +15,7 @@ from collections.abc import Sequence
 # cannot act on must not reach the terminal. Set before the subcommands import torch.
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
 
+from . import __version__  # noqa: E402
 from .commands import SUBCOMMANDS  # noqa: E402
 
 __all__ = ["main"]
@@ -26,6 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvcache",
         description="Pluggable, conformance-checked KV-cache pools for LLM serving engines.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"kvcache {__version__}", help="show the version"
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for command in SUBCOMMANDS:

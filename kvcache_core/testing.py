@@ -6,14 +6,14 @@ spell "one test per case", and it composes with their fixtures, marks and ``-k``
     import pytest
     from kvcache_core.testing import check_conformance, conformance_cases
 
-    @pytest.mark.parametrize(("spec", "check_id"), conformance_cases("fused-mha"))
+    @pytest.mark.parametrize(("spec", "check_id"), conformance_cases("int8-mha"))
     def test_conformance(spec, check_id):
         check_conformance(spec, check_id)
 
 * [`conformance_cases`][kvcache_core.testing.conformance_cases] turns pools (names of
   installed pools or plugins, or ``PoolSpec`` objects not installed at all) into
   ``pytest.param(spec, check_id)`` cases, one per check that applies, with readable ids
-  (``fused-mha-behaviour/write-forms-agree``). A declared expected failure becomes a *strict*
+  (``int8-mha-behaviour/write-forms-agree``). A declared expected failure becomes a *strict*
   ``xfail`` mark with its reason, so it shows as xfailed, and a check that starts passing
   fails the run until the declaration is removed.
 * [`check_conformance`][kvcache_core.testing.check_conformance] runs one check and raises

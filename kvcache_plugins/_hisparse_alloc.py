@@ -24,11 +24,16 @@ from __future__ import annotations
 
 import torch
 
-from kvcache_core import AllocatorError, HiSparsePool, KVPool, check_slots
-
-from ._free_group import FreeGroup, free_calls_one_by_one
-from ._offload_forward import ForwardsOffload
-from .allocators import PagedSlotAllocator
+from kvcache_core import (
+    AllocatorError,
+    ForwardsOffload,
+    FreeGroup,
+    HiSparsePool,
+    KVPool,
+    PagedSlotAllocator,
+    check_slots,
+    free_calls_one_by_one,
+)
 
 __all__ = ["HiSparseSlotAllocator", "empty_logical_to_device"]
 

@@ -19,15 +19,15 @@ import torch
 from kvcache_core import (
     AllocatorError,
     DoubleFreeError,
+    FreeGroup,
     InvalidLayerError,
     InvalidSlotError,
     KVSnapshot,
     LayerRows,
     check_slots,
     expect_snapshot,
+    free_calls_one_by_one,
 )
-
-from ._free_group import FreeGroup, free_calls_one_by_one
 
 __all__ = ["MambaPool", "MambaSlotAllocator"]
 

@@ -22,11 +22,18 @@ from __future__ import annotations
 
 import torch
 
-from kvcache_core import AllocatorError, DoubleFreeError, KVPool, KVSnapshot, check_slots
+from kvcache_core import (
+    AllocatorError,
+    DoubleFreeError,
+    FreeGroup,
+    KVPool,
+    KVSnapshot,
+    PagedSlotAllocator,
+    check_slots,
+    free_calls_one_by_one,
+)
 
-from ._free_group import FreeGroup, free_calls_one_by_one
 from ._swa_pool import SWAKVPool
-from .allocators import PagedSlotAllocator
 
 __all__ = ["SWASlotAllocator"]
 

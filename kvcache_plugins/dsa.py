@@ -19,6 +19,7 @@ import torch
 from kvcache_core import (
     Capability,
     LayerRows,
+    PagedSlotAllocator,
     PartLayout,
     PoolConfig,
     PoolSpec,
@@ -27,7 +28,6 @@ from kvcache_core import (
     storage_dtype,
 )
 
-from .allocators import PagedSlotAllocator
 from .mla import MLATokenToKVPool, require
 
 __all__ = ["DSATokenToKVPool", "create", "default_index_dtype", "kvcache_pool_specs"]

@@ -27,6 +27,7 @@ from kvcache_core import (
     KVSnapshot,
     KVWriteLoc,
     LayerLike,
+    PagedSlotAllocator,
     PoolConfig,
     PoolSpec,
     SnapshotMismatchError,
@@ -37,7 +38,6 @@ from kvcache_core import (
 
 from ._layers import layer_id_of
 from ._mamba_state import MambaPool, MambaSlotAllocator
-from .allocators import PagedSlotAllocator
 from .mha import MHATokenToKVPool
 
 __all__ = [

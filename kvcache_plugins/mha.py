@@ -15,6 +15,7 @@ from kvcache_core import (
     KVWriteLoc,
     LayerLike,
     LayerRows,
+    PagedSlotAllocator,
     PoolConfig,
     PoolSpec,
     check_rows,
@@ -25,7 +26,6 @@ from kvcache_core import (
 )
 
 from ._layers import check_loc, layer_id_of, local_layer, write_slots
-from .allocators import PagedSlotAllocator
 
 __all__ = ["MHATokenToKVPool", "create", "kvcache_pool_specs"]
 

@@ -19,6 +19,7 @@ from kvcache_core import (
     KVWriteLoc,
     LayerLike,
     LayerRows,
+    PagedSlotAllocator,
     PartLayout,
     PoolConfig,
     PoolSpec,
@@ -32,7 +33,6 @@ from kvcache_core import (
 )
 
 from ._layers import check_loc, layer_id_of, local_layer, write_slots
-from .allocators import PagedSlotAllocator
 
 __all__ = ["MLATokenToKVPool", "create", "kvcache_pool_specs", "require"]
 

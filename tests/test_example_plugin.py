@@ -19,10 +19,11 @@ ROUND_TRIP = """
 import torch
 from kvcache_core import PoolConfig, discover
 registry = discover(strict=True)
-pool, alloc = registry.create("fused-mha", PoolConfig(size=64, layer_num=2, head_num=2,
-                                                      head_dim=4, dtype=torch.float16))
+pool, alloc = registry.create("int8-mha", PoolConfig(size=64, layer_num=2, head_num=2,
+                                                     head_dim=4, dtype=torch.float16))
 slots = alloc.alloc(8)
-k, v = torch.randn(8, 2, 4), torch.randn(8, 2, 4)
+# multiples of 1/2 up to 8: exactly representable in int8 with a power-of-two scale per token
+k, v = torch.randint(-16, 16, (8, 2, 4)) / 2, torch.randint(-16, 16, (8, 2, 4)) / 2
 layer = type("L", (), {"layer_id": 1})()
 pool.set_kv_buffer(layer, slots, k, v)
 snap = alloc.get_cpu_copy(slots, mamba_indices=None)
@@ -30,6 +31,8 @@ new = alloc.alloc(16)[8:]
 alloc.load_cpu_copy(snap, new, mamba_indices=None)
 assert torch.equal(pool.get_key_buffer(1)[new], k.half())
 assert torch.equal(pool.get_value_buffer(1)[new], v.half())
+stored, scales = pool.get_key_storage(1)
+assert stored.dtype == torch.int8 and scales.shape == (64 + 1, 1)
 print("round trip ok")
 """
 
@@ -81,13 +84,13 @@ def kvcache(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]
 def test_listed_with_its_own_distribution(installed):
     proc = kvcache(installed, "list", "--format", "json")
     rows = {r["pool"]: r for r in json.loads(proc.stdout)["plugins"]}
-    assert rows["fused-mha"]["status"] == "accepted"
-    assert rows["fused-mha"]["distribution"] == "kvcache-example-pool"
-    assert rows["fused-mha"]["version"] == "0.1.0"
+    assert rows["int8-mha"]["status"] == "accepted"
+    assert rows["int8-mha"]["distribution"] == "kvcache-example-pool"
+    assert rows["int8-mha"]["version"] == "0.1.0"
 
 
 def test_passes_every_checker_level(installed):
-    proc = kvcache(installed, "check", "fused-mha")
+    proc = kvcache(installed, "check", "int8-mha")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "0 findings" in proc.stdout and "types:OffloadablePool" in proc.stdout
 
@@ -102,7 +105,7 @@ def test_round_trips_in_a_fresh_process(installed):
 
 def test_pytest_conformance_battery_runs_in_the_example_within_10_s(installed, example):
     """The acceptance point: `pytest --kvcache-conformance` in the example project, every
-    installed pool (the built-ins and fused-mha), in a fresh process, under 10 s wall time.
+    installed pool (the built-ins and int8-mha), in a fresh process, under 10 s wall time.
     ``-p`` names the plugin because this venv's editable kvcache may predate its pytest11 entry
     point; with it installed, ``-p`` is the same plugin (see test_pytest_plugin.py).
     ``no:hypothesispytest``: hypothesis is this repository's dev dependency, not the example's;
@@ -122,7 +125,7 @@ def test_pytest_conformance_battery_runs_in_the_example_within_10_s(installed, e
     )
     took = time.perf_counter() - start
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "test_kvcache_conformance[fused-mha-behaviour/write-forms-agree] PASSED" in proc.stdout
+    assert "test_kvcache_conformance[int8-mha-behaviour/write-forms-agree] PASSED" in proc.stdout
     assert "test_kvcache_conformance[mha-behaviour/write-forms-agree] PASSED" in proc.stdout
     # 10 s on this 2-core machine when it is not oversubscribed. Most of it is importing torch;
     # discovery and the battery itself take well under a second. Other jobs sharing the cores

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import check, demo, drift, list_plugins
+from . import check, demo, drift, list_plugins, new_pool
 
 #: Subcommands in the order ``kvcache --help`` lists them.
-SUBCOMMANDS: tuple[ModuleType, ...] = (list_plugins, check, drift, demo)
+SUBCOMMANDS: tuple[ModuleType, ...] = (list_plugins, check, drift, demo, new_pool)

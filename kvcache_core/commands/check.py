@@ -10,6 +10,7 @@ not run).
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from ..conformance.resolve import UsageError, parse_protocols, resolve_targets
@@ -23,6 +24,7 @@ from ..conformance.runner import (
 )
 from ..conformance.sources import SourceIndex
 from ..contracts.spec import CONTRACT_VERSION
+from ..progress import Progress
 from ._output import (
     add_output_options,
     finish,
@@ -81,9 +83,18 @@ def run(args: argparse.Namespace) -> int:
         expected = load_expected_failures(args)
         index = SourceIndex()
         targets, results = resolve_targets(args.targets, against=against, index=index)
-        results += run_levels(
-            targets, levels, contract_version=version, index=index, expected_failures=expected
-        )
+        status = Progress(sys.stderr)  # a status line on a terminal only
+        try:
+            results += run_levels(
+                targets,
+                levels,
+                contract_version=version,
+                index=index,
+                expected_failures=expected,
+                progress=status.update,
+            )
+        finally:
+            status.done()
         return finish(
             args,
             results,

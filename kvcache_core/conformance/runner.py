@@ -108,16 +108,24 @@ def run_levels(
     contract_version: int = CONTRACT_VERSION,
     index: SourceIndex | None = None,
     expected_failures: Sequence[ExpectedFailure] = (),
+    progress: Callable[[str], None] | None = None,
 ) -> list[CheckResult]:
     """Every requested level over every target, in level order.
+
+    ``progress`` (if given) is told, in words, which level (and which pool of the behaviour
+    level) is running; the CLI shows it on a terminal.
 
     ``expected_failures`` (from ``[tool.kvcache.expected-failures]``) are for the behaviour
     level, on top of what each ``PoolSpec`` declares itself.
     """
     results: list[CheckResult] = []
-    for level in levels:
+    for number, level in enumerate(levels, start=1):
         if not targets:
             break
+        if progress is not None:
+            progress(
+                f"kvcache check: {level} level ({number}/{len(levels)}), {len(targets)} target(s)"
+            )
         if level == "source":
             results += _guarded(
                 level,
@@ -140,7 +148,13 @@ def run_levels(
             by_pool: dict[str, dict[str, str]] = {}
             for expected in expected_failures:
                 by_pool.setdefault(expected.pool, {})[expected.check] = expected.describe()
-            results += _guarded(level, behaviour_level.run, targets, expected_failures=by_pool)
+            results += _guarded(
+                level,
+                behaviour_level.run,
+                targets,
+                expected_failures=by_pool,
+                progress=progress,
+            )
         else:  # parse_levels rejects these; a programming error if reached
             raise UsageError(f"unknown level {level!r}")
     return results

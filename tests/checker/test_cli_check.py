@@ -156,7 +156,7 @@ def test_pool_name_is_a_target_and_a_behaviour_finding_fails_the_run(
     # Only that pool's classes were targets (the plugin declares no other pool).
     assert {r.target for r in run.results if r.check.startswith("signature")} == {
         "kvfake_flip.FlippingPool",
-        "kvcache_plugins.allocators.PagedSlotAllocator",
+        "kvcache_core.allocation.paged.PagedSlotAllocator",
     }
 
 
@@ -232,7 +232,7 @@ def test_builtin_plugins_pass_source_and_signature(run_cli, isolated_modules):
     assert run.code == 0, errors
     checked = {r.target for r in run.results}
     assert "kvcache_plugins.mha.MHATokenToKVPool" in checked
-    assert "kvcache_plugins.allocators.PagedSlotAllocator" in checked
+    assert "kvcache_core.allocation.paged.PagedSlotAllocator" in checked
 
 
 def test_no_target_checks_every_installed_plugin_and_survives_broken_ones(

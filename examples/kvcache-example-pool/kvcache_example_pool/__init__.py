@@ -1,9 +1,15 @@
-"""``fused-mha``: an MHA pool keeping K and V of a layer in one ``[rows, 2, H, D]`` buffer.
+"""``int8-mha``: an MHA pool that stores K and V as int8 with one scale per token.
 
-Why this layout exists in the wild: one buffer per layer halves the number of gathers on
-offload and lets a kernel read a token's K and V with one load. It is here as the smallest
-complete example of a third-party pool: the contract, input checks before any write, a
-self-describing snapshot, and the plugin hook.
+Why this pool exists in the wild: int8 halves (against bf16) the memory a token's K and V take,
+so twice as many tokens fit, and a scale per token keeps outliers in one token from costing
+precision in every other. It is here as the smallest complete example of a third-party pool:
+the contract, input checks before any write, a self-describing snapshot (values and scales),
+the plugin hook, and nothing imported but ``kvcache_core``'s public names.
+
+What the getters return (docs/contract.md, "Quantised pools"): ``get_key_buffer`` and
+``get_value_buffer`` return a *dequantised copy* in the pool's compute dtype ``dtype``; writing
+into it changes nothing. Kernels that read int8 directly use :meth:`Int8MHAPool.get_key_storage`
+and :meth:`Int8MHAPool.get_value_storage` (live views of the values and their scales).
 """
 
 from __future__ import annotations
@@ -16,24 +22,25 @@ from kvcache_core import (
     KVSnapshot,
     KVWriteLoc,
     LayerLike,
-    LayerRows,
+    PagedSlotAllocator,
     PoolConfig,
     PoolSpec,
+    QuantizedLayerRows,
     check_rows,
     check_slots,
     expect_snapshot,
     hookimpl,
     unwrap_write_loc,
 )
-from kvcache_plugins.allocators import PagedSlotAllocator
 
-__all__ = ["FusedMHAPool", "create", "kvcache_pool_specs"]
+__all__ = ["Int8MHAPool", "create", "kvcache_pool_specs"]
 
 
-class FusedMHAPool:
-    """K and V of every token side by side: ``[layers, size + page_size, 2, H, D]``."""
+class Int8MHAPool:
+    """K and V of every layer as ``[size + page_size, H, D]`` int8 plus ``[size + page_size, 1]``
+    float32 scales (one per token)."""
 
-    kind = "fused-mha"
+    kind = "int8-mha"
 
     def __init__(self, config: PoolConfig) -> None:
         self.size = config.size
@@ -41,32 +48,51 @@ class FusedMHAPool:
         self.dtype = config.dtype
         self.device = config.device
         self.layer_num = config.layer_num
+        self.start_layer = config.start_layer  # layer ids are global (pipeline stages)
         self.head_num = config.head_num
         self.head_dim = config.head_dim
-        self._rows = LayerRows(
-            config.layer_num,
-            config.size + config.page_size,
-            (2, config.head_num, config.head_dim),
-            config.dtype,
-            config.device,
+        self._k, self._v = (
+            QuantizedLayerRows(
+                config.layer_num,
+                config.size + config.page_size,
+                (config.head_num, config.head_dim),
+                dtype=config.dtype,
+                device=config.device,
+                quant_dtype=torch.int8,
+            )
+            for _ in range(2)
         )
 
-    def _layer(self, layer_id: int) -> torch.Tensor:
-        if not 0 <= layer_id < self.layer_num:
-            raise InvalidLayerError(f"layer {layer_id} is not in 0..{self.layer_num - 1}")
-        return self._rows.layer(layer_id)
+    def _check_layer(self, layer_id: int) -> int:
+        """Global layer id -> index into this pool's rows (a pipeline stage holds
+        ``start_layer .. start_layer + layer_num - 1``)."""
+        local = layer_id - self.start_layer
+        if not 0 <= local < self.layer_num:
+            last = self.start_layer + self.layer_num - 1
+            raise InvalidLayerError(f"layer {layer_id} is not in {self.start_layer}..{last}")
+        return local
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
-        return self._layer(layer_id)[:, 0]
+        """Layer ``layer_id``'s keys, dequantised into a new tensor of ``dtype``."""
+        return self._k.dequantize(self._check_layer(layer_id))
 
     def get_value_buffer(self, layer_id: int) -> torch.Tensor:
-        return self._layer(layer_id)[:, 1]
+        """Layer ``layer_id``'s values, dequantised into a new tensor of ``dtype``."""
+        return self._v.dequantize(self._check_layer(layer_id))
 
     def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.get_key_buffer(layer_id), self.get_value_buffer(layer_id)
 
+    def get_key_storage(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Live int8 keys and their per-token scales, for kernels that dequantise themselves."""
+        return self._k.layer(self._check_layer(layer_id))
+
+    def get_value_storage(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Live int8 values and their per-token scales."""
+        return self._v.layer(self._check_layer(layer_id))
+
     def get_kv_size_bytes(self) -> int:
-        return self._rows.nbytes
+        return self._k.nbytes + self._v.nbytes
 
     def set_kv_buffer(
         self,
@@ -77,27 +103,30 @@ class FusedMHAPool:
         k_scale: float | None = None,
         v_scale: float | None = None,
     ) -> None:
-        self._layer(layer.layer_id)
+        """Quantise and write; ``k_scale``/``v_scale`` divide first (an int8 write always
+        casts). Everything is checked before anything is written."""
+        layer_id = self._check_layer(layer.layer_id)
         slots, _ = unwrap_write_loc(loc)
         slots = check_slots(slots, limit=self.size + self.page_size, allow_zero=True, name="loc")
         shape = (self.head_num, self.head_dim)
         k = check_rows(cache_k, name="cache_k", rows=slots.numel(), row_shape=shape)
         v = check_rows(cache_v, name="cache_v", rows=slots.numel(), row_shape=shape)
-        # Scales divide only when the write casts, as engines apply them (backends pass the
-        # layer's scale on every write; a write already in the pool's dtype is stored as given).
-        if k.dtype != self.dtype and k_scale is not None:
-            k = k / k_scale
-        if v.dtype != self.dtype and v_scale is not None:
-            v = v / v_scale
-        both = self._rows.to_storage(torch.stack((k, v), dim=1))
-        self._rows.write(layer.layer_id, slots.to(self.device), both)
+        qk, sk = self._k.quantize(k, k_scale)
+        qv, sv = self._v.quantize(v, v_scale)
+        slots = slots.to(self.device)
+        self._k.write(layer_id, slots, qk, sk)
+        self._v.write(layer_id, slots, qv, sv)
 
     def get_cpu_copy(
         self, indices: torch.Tensor, mamba_indices: torch.Tensor | None = None
     ) -> KVSnapshot:
-        """Host copy of ``indices``; ``mamba_indices`` is accepted and ignored (no state)."""
+        """Host copy of ``indices`` (int8 values and scales, bit for bit); ``mamba_indices`` is
+        accepted and ignored (the pool keeps no recurrent state)."""
         slots = check_slots(indices, limit=self.size + self.page_size, allow_duplicates=False)
-        parts = {"kv": self._rows.gather(slots.to(self.device))}
+        slots = slots.to(self.device)
+        k, k_scale = self._k.gather(slots)
+        v, v_scale = self._v.gather(slots)
+        parts = {"k": k, "k_scale": k_scale, "v": v, "v_scale": v_scale}
         return KVSnapshot(self.kind, self.dtype, slots.numel(), parts)
 
     def load_cpu_copy(
@@ -106,6 +135,7 @@ class FusedMHAPool:
         indices: torch.Tensor,
         mamba_indices: torch.Tensor | None = None,
     ) -> None:
+        """Write a snapshot back at new ``indices``; ``mamba_indices`` is ignored."""
         slots = check_slots(indices, limit=self.size + self.page_size, allow_duplicates=False)
         n = slots.numel()
         expect_snapshot(
@@ -113,13 +143,16 @@ class FusedMHAPool:
             kind=self.kind,
             dtype=self.dtype,
             token_count=n,
-            parts={"kv": self._rows.part_layout(n)},
+            parts={**self._k.part_layouts("k", n), **self._v.part_layouts("v", n)},
         )
-        self._rows.scatter(slots.to(self.device), snapshot.parts["kv"])
+        slots = slots.to(self.device)
+        parts = snapshot.parts
+        self._k.scatter(slots, parts["k"], parts["k_scale"])
+        self._v.scatter(slots, parts["v"], parts["v_scale"])
 
 
-def create(config: PoolConfig) -> tuple[FusedMHAPool, PagedSlotAllocator]:
-    pool = FusedMHAPool(config)
+def create(config: PoolConfig) -> tuple[Int8MHAPool, PagedSlotAllocator]:
+    pool = Int8MHAPool(config)
     return pool, PagedSlotAllocator(config.size, config.page_size, pool)
 
 
@@ -127,11 +160,11 @@ def create(config: PoolConfig) -> tuple[FusedMHAPool, PagedSlotAllocator]:
 def kvcache_pool_specs() -> list[PoolSpec]:
     return [
         PoolSpec(
-            name="fused-mha",
-            pool_class=FusedMHAPool,
+            name="int8-mha",
+            pool_class=Int8MHAPool,
             allocator_class=PagedSlotAllocator,
             factory=create,
             capabilities=frozenset({Capability.OFFLOAD, Capability.PAGED}),
-            description="example third-party pool: K and V of a layer in one buffer",
+            description="example third-party pool: int8 K and V with one scale per token",
         )
     ]

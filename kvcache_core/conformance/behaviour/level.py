@@ -9,7 +9,7 @@ so, which does not change the exit code: skipping is not a finding.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from ...contracts.spec import PoolSpec
 from ..model import CheckResult, Outcome
@@ -41,6 +41,7 @@ def run(
     *,
     expected_failures: Mapping[str, Mapping[str, str]] | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    progress: Callable[[str], None] | None = None,
     **_: object,
 ) -> list[CheckResult]:
     """One result per (pool, check) for every pool the targets serve; SKIPPED for the rest.
@@ -55,7 +56,10 @@ def run(
         if not t.serves and (t.plugin is None or t.pool is None)
     ]
     specs: dict[str, dict[str, PoolSpec]] = {}
-    for plugin, pool in _pairs(targets):
+    pairs = list(_pairs(targets))
+    for number, (plugin, pool) in enumerate(pairs, start=1):
+        if progress is not None:
+            progress(f"kvcache check: behaviour battery on pool {pool} ({number}/{len(pairs)})")
         if plugin not in specs:
             specs[plugin] = {s.name: s for s in plugin_specs(plugin)}
         spec = specs[plugin].get(pool)

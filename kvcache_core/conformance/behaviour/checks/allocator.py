@@ -8,7 +8,7 @@ example list covers the orders an engine produces. Hypothesis explores them and 
 failure to its shortest sequence, which the finding carries as a runnable snippet.
 
 Why the double-free rule settles on the spot: the contract lets an allocator queue frees and
-check them in a batch (``kvcache_plugins.allocators``), so the ``DoubleFreeError`` may come from
+check them in a batch (``PagedSlotAllocator``), so the ``DoubleFreeError`` may come from
 the ``free`` itself, from ``free_group_end`` or from the next settle point. The rule calls
 ``available_size()`` (a documented settle point) right after, and requires exactly one error
 naming the bad slot (or its page) across those calls, with every other free applied.

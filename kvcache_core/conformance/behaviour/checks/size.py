@@ -10,9 +10,12 @@ any private per-token store (HiSparse's logical latent store). Not counted: Mamb
 How it is checked without knowing the pool's layout: a lower bound from what the contract lets a
 caller reach (getter storages, deduplicated by storage pointer, since views of one storage,
 such as an MLA value inside its key row or all layers in one tensor, are held once; plus the
-indexer's per-token bytes times the rows), and an upper bound from every tensor storage
-reachable from the pool object, minus the Mamba state. An engine sizes its memory budget with
-this number: under-counting over-commits the device, over-counting wastes it.
+indexer's per-token bytes times the rows; a getter result whose storage the pool does not hold
+is a copy, which the contract allows for a quantised pool's dequantised buffer, and counts as
+half a byte per value, the least any quantised store keeps), and an upper bound from every
+tensor storage reachable from the pool object, minus the Mamba state. An engine sizes its
+memory budget with this number: under-counting over-commits the device, over-counting wastes
+it.
 """
 
 from __future__ import annotations
@@ -73,12 +76,17 @@ def _lower_bound_source(ctx: CheckContext) -> list[str]:
     """Source computing ``held`` (bytes the contract's getters reach) into the namespace."""
     layers = attention_layer_ids(ctx.config)
     lines = [
-        "storages = {}",
+        "from kvcache_core.conformance.behaviour.checks.size import reachable_storages",
+        "pool_holds = reachable_storages(pool)",
+        "storages, copies = {}, 0",
         f"for layer_id in {layers}:",
         "    for buf in pool.get_kv_buffer(layer_id):",
         "        storage = buf.untyped_storage()",
-        "        storages[storage.data_ptr()] = storage.nbytes()",
-        "held = sum(storages.values())",
+        "        if storage.data_ptr() in pool_holds:",
+        "            storages[storage.data_ptr()] = storage.nbytes()",
+        "        else:  # a copy (a quantised pool's dequantised buffer): >= 4 bits a value",
+        "            copies += buf.numel() // 2",
+        "held = sum(storages.values()) + copies",
     ]
     if Capability.INDEXER in ctx.capabilities:
         lines += [

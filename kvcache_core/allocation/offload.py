@@ -1,4 +1,4 @@
-"""Offload pass-through, shared by every built-in allocator that does not add to it.
+"""Offload pass-through, for every allocator (built-in or third-party) that does not add to it.
 
 The contract requires an allocator's ``get_cpu_copy``/``load_cpu_copy`` to have the pool's exact
 signature and to forward every argument: an allocator that accepted ``mamba_indices`` and dropped
@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from kvcache_core import KVPool, KVSnapshot, OffloadablePool
+from ..contracts import KVPool, KVSnapshot, OffloadablePool
+
+__all__ = ["ForwardsOffload"]
 
 
 class ForwardsOffload:

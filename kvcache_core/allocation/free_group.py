@@ -1,4 +1,4 @@
-"""Free groups, shared by every built-in allocator.
+"""Free groups, shared by every allocator (built-in or third-party) that batches its frees.
 
 Eviction frees many requests in a row; between ``free_group_begin()`` and ``free_group_end()``
 the allocator only collects them and releases them together at the end.
@@ -16,7 +16,9 @@ from collections.abc import Callable
 
 import torch
 
-from kvcache_core import AllocatorError, KVCacheError
+from ..errors import AllocatorError, KVCacheError
+
+__all__ = ["FreeGroup", "free_calls_one_by_one"]
 
 
 def free_calls_one_by_one(

@@ -1,0 +1,622 @@
+"""Token and paged slot allocators: public API (``kvcache_core.PagedSlotAllocator``).
+
+Why they live in ``kvcache_core``: a third-party pool needs an allocator, and writing a correct
+one (double-free detection, free groups, backups, paged extends) is most of the work of a pool.
+The built-in pools use these very classes, imported from ``kvcache_core`` like a third party.
+
+Bookkeeping lives on the host in preallocated tensors: a stack of free ids with a top pointer
+(O(1) amortised per id, no allocation per call) and an ``is_free`` mask that makes double frees
+detectable.
+
+Why frees are checked in batches: on CPU every torch call costs microseconds, so checking each
+``free`` on the spot (range, duplicates, already free) costs several times the allocation itself,
+and on an accelerator it would synchronise the device. ``free`` therefore only queues its ids;
+the queue is checked and merged in one vectorised pass when the allocator next needs its free set
+(an ``alloc`` that runs short, ``available_size``, ``backup_state``, ``check_frees``, an
+``alloc_decode``/``alloc_extend`` that must check a ``last_loc``) or when the queue grows past a
+bound. A bad free (double free, slot 0, out of range) is then rejected as a whole with a
+:class:`DoubleFreeError`/:class:`InvalidSlotError` naming the slot; every other queued free is
+applied, so nothing is lost. ``eager_checks=True`` checks each host-side free on the spot instead
+(for debugging: the error points at the call).
+
+The limit of checking late: the check sees the free set as it is at the settle, not as it was at
+the call. Freeing an id twice while its first free is still queued is always caught; but freeing
+an id that is already free and settled is caught only if no ``alloc`` handed that id out again
+before the settle — after that, the late free looks like a free by the new owner. Catching that
+too needs a per-call read of the free set, which is what ``eager_checks`` costs.
+
+Every free call keeps its own verdict, wherever it came from: a free group ends by queueing each
+collected call as a call of its own (concatenating them would let one double free reject the
+whole group, or, with pages, hide it as two slots of one page in one call), and composite
+allocators (SWA, HiSparse) learn through :attr:`PagedSlotAllocator._on_settled` which of their
+calls were applied and which were rejected, so their second side follows the first exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ..contracts import KVPool
+from ..errors import (
+    AllocatorError,
+    DoubleFreeError,
+    InvalidSlotError,
+    KVCacheError,
+)
+from .free_group import FreeGroup
+from .offload import ForwardsOffload
+
+__all__ = ["PagedSlotAllocator", "TokenSlotAllocator"]
+
+_CPU = torch.device("cpu")
+_INDEX_DTYPES = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8})
+#: Queued free calls that trigger a merge (bounds memory and how late an error surfaces).
+_MAX_PENDING_CALLS = 128
+
+
+class _FreeIds:
+    """Free ids ``1..count`` as a stack of immutable chunks.
+
+    Why chunks: an allocation is then a slice (a view, no copy) of the top chunk, and a batch
+    of returned ids is pushed as one chunk per free call, so the steady state pops a whole chunk
+    without any torch call. Chunks are never written after they are pushed, so handing out views
+    is safe, and a backup is just the tuple of chunks. ``take`` hands out the lowest ids first on
+    a fresh stack and the most recently returned ids first afterwards.
+
+    ``is_free`` holds 1 for a free id and 0 for a handed-out one (slot 0 counts as free, so
+    freeing it is refused). ``take`` only records what it handed out; both directions are
+    applied in bulk with ``index_add_``, and a returned batch is good exactly when every one of
+    its ids then reads 1: a repeated id or an id that was already free reads 2 or more.
+    """
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.is_free = torch.ones(count + 1, dtype=torch.int32)
+        self._ones = torch.ones(count + 1, dtype=torch.int32)
+        self._minus_ones = -self._ones
+        self._low = torch.empty(count + 1, dtype=torch.int64)  # scratch for de-duplication
+        self._high = torch.empty(count + 1, dtype=torch.int64)
+        self._chunks: list[torch.Tensor] = []
+        self._start = 0
+        self._taken: list[torch.Tensor] = []
+        self.top = 0  # how many ids are free
+        self.reset()
+
+    def reset(self) -> None:
+        self._chunks = [torch.arange(1, self.count + 1, dtype=torch.int64)]
+        self._start = 0  # ids before this offset in the top chunk are handed out
+        self.is_free.fill_(1)
+        self._taken.clear()
+        self.top = self.count
+
+    def take(self, n: int) -> torch.Tensor:
+        """``n`` free ids (the caller checked ``n <= top``)."""
+        if n == 0:
+            return torch.empty(0, dtype=torch.int64)
+        chunks = self._chunks
+        chunk = chunks[-1]
+        start = self._start
+        left = chunk.numel() - start
+        if left > n:  # one view, no copy
+            ids = chunk.narrow(0, start, n)
+            self._start = start + n
+        elif left == n and not start:  # a freed batch of the same size: no torch call at all
+            ids = chunks.pop()
+        else:
+            parts: list[torch.Tensor] = []
+            need = n
+            while need:
+                chunk = chunks[-1]
+                start = self._start
+                left = chunk.numel() - start
+                if left <= need:
+                    parts.append(chunk.narrow(0, start, left) if start else chunk)
+                    chunks.pop()
+                    self._start = 0
+                    need -= left
+                else:
+                    parts.append(chunk.narrow(0, start, need))
+                    self._start = start + need
+                    need = 0
+            ids = parts[0] if len(parts) == 1 else torch.cat(parts)
+        self.top -= n
+        self._taken.append(ids)
+        return ids
+
+    def _signs(self, n: int, sign: int) -> torch.Tensor:
+        """``n`` values of ``sign`` (views of preallocated buffers when they are long enough)."""
+        source = self._ones if sign > 0 else self._minus_ones
+        if n <= source.numel():
+            return source.narrow(0, 0, n)
+        return torch.full((n,), sign, dtype=torch.int32)
+
+    def sync_marks(self) -> None:
+        """Mark everything handed out since the last sync as not free."""
+        if self._taken:
+            taken = self._taken[0] if len(self._taken) == 1 else torch.cat(self._taken)
+            self._taken.clear()
+            self.is_free.index_add_(0, taken, self._signs(taken.numel(), -1))
+
+    def _spread(self, ids: torch.Tensor, groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """For every position, the lowest and highest group id that names the same id."""
+        self._low.index_fill_(0, ids, groups.numel())
+        self._low.scatter_reduce_(0, ids, groups, reduce="amin")
+        self._high.index_fill_(0, ids, -1)
+        self._high.scatter_reduce_(0, ids, groups, reduce="amax")
+        return torch.index_select(self._low, 0, ids), torch.index_select(self._high, 0, ids)
+
+    def give_back(
+        self,
+        ids: torch.Tensor,
+        groups: torch.Tensor | None,
+        *,
+        what: str,
+        pieces: list[torch.Tensor] | None = None,
+    ) -> None:
+        """Return ``ids`` (host int64, 1-D, owned) after checking all of them; on error, leave
+        everything as it was.
+
+        ``groups`` says which free call each id came from when one call may legitimately name an
+        id several times (slots of one page); ``None`` means every repetition is an error.
+        ``pieces`` are the free calls ``ids`` was concatenated from: they are pushed as chunks
+        of their own, so the next ``alloc`` of the same size pops one without any copy.
+        """
+        if ids.numel() == 0:
+            return
+        self._raise_out_of_range(ids, what, only_if_bad=True)
+        if groups is not None:
+            ids = self._one_per_page(ids, groups, what=what)
+        self.sync_marks()
+        n = ids.numel()
+        self.is_free.index_add_(0, ids, self._signs(n, +1))
+        if bool((torch.index_select(self.is_free, 0, ids) != 1).any()):
+            self.is_free.index_add_(0, ids, self._signs(n, -1))  # undo exactly
+            self._raise_bad_batch(ids, what)
+        self._seal_top()
+        if pieces is None:
+            self._chunks.append(ids)
+        else:
+            self._chunks.extend(pieces)
+        self.top += n
+
+    def _one_per_page(self, ids: torch.Tensor, groups: torch.Tensor, *, what: str) -> torch.Tensor:
+        """Pages named by several slots of one free call, once each; a page that two calls
+        name is a double free."""
+        first, last = self._spread(ids, groups)
+        if not bool(torch.equal(first, last)):
+            raise DoubleFreeError(f"{what} {int(ids[first != last][0])} is freed twice")
+        order = torch.arange(ids.numel(), dtype=torch.int64)
+        lowest, _ = self._spread(ids, order)
+        return ids[lowest == order]
+
+    def _raise_out_of_range(self, ids: torch.Tensor, what: str, only_if_bad: bool = False) -> None:
+        low, high = (int(v) for v in torch.aminmax(ids))
+        if low >= 0 and high <= self.count:
+            if only_if_bad:
+                return
+            raise AssertionError("index error with in-range ids")  # pragma: no cover
+        bad = low if low < 0 else high
+        raise InvalidSlotError(f"cannot free {what} {bad}: valid {what}s are 1..{self.count}")
+
+    def _raise_bad_batch(self, ids: torch.Tensor, what: str) -> None:
+        """Name the first bad id of a batch (the slow path: the batch is already undone)."""
+        already = torch.index_select(self.is_free, 0, ids) == 1
+        if bool(already.any()):
+            first = int(ids[already][0])
+            if first == 0:
+                raise DoubleFreeError(f"{what} 0 is reserved and is never allocated")
+            raise DoubleFreeError(f"{what} {first} is already free (double free)")
+        order = torch.arange(ids.numel(), dtype=torch.int64)
+        lowest, _ = self._spread(ids, order)
+        raise DoubleFreeError(f"{what} {int(ids[lowest != order][0])} is freed twice")
+
+    def _seal_top(self) -> None:
+        """Cut the consumed head off the top chunk before another chunk goes above it."""
+        if self._start:
+            top = self._chunks.pop()
+            if top.numel() > self._start:
+                self._chunks.append(top[self._start :])
+            self._start = 0
+
+    def snapshot(self) -> tuple[tuple[torch.Tensor, ...], int]:
+        self.sync_marks()
+        self._seal_top()
+        return tuple(self._chunks), self.top
+
+    def restore(self, state: tuple[tuple[torch.Tensor, ...], int]) -> None:
+        chunks, top = state
+        self._chunks = list(chunks)
+        self._start = 0
+        self.top = top
+        self._taken.clear()
+        self.is_free.zero_()
+        self.is_free[0] = 1
+        for chunk in chunks:
+            self.is_free.index_fill_(0, chunk, 1)
+
+
+class PagedSlotAllocator(FreeGroup, ForwardsOffload):
+    """Hands out whole pages of ``page_size`` slots; ``page_size=1`` is a token allocator.
+
+    Page ``p`` covers slots ``[p * P, (p + 1) * P)``; page 0 (slot 0 and its page) is reserved.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        kvcache: KVPool,
+        device: torch.device | str | None = None,
+        *,
+        eager_checks: bool = False,
+    ) -> None:
+        if size <= 0 or page_size <= 0:
+            raise AllocatorError(f"size and page_size must be positive, got {size}, {page_size}")
+        if size % page_size:
+            raise AllocatorError(f"size {size} is not a multiple of page_size {page_size}")
+        self.size = size
+        self.page_size = page_size
+        self.num_pages = size // page_size
+        self.device = torch.device(device) if device is not None else kvcache.device
+        self._kvcache = kvcache
+        self._free = _FreeIds(self.num_pages)
+        self._pending: list[torch.Tensor] = []
+        self._offsets = torch.arange(page_size, dtype=torch.int64)
+        self.eager_checks = eager_checks
+        self._on_host = self.device.type == "cpu"
+        #: Set by a composite allocator that owns this one: called at every settle with the
+        #: queued calls (the very tensors :meth:`_enqueue` got) and the positions of the rejected
+        #: ones, before any error is raised, so the composite can release or roll back its own
+        #: side of each call.
+        self._on_settled: Callable[[list[torch.Tensor], frozenset[int]], None] | None = None
+        #: Whether ``alloc_decode`` checks ``last_loc`` for every request with a prefix. A
+        #: window side (SWA) turns this off: its ``last_loc`` is a translated one, 0 once the
+        #: token left the window, and matters only when the new slot continues its page.
+        self._check_every_last_loc = True
+
+    # -- bookkeeping -----------------------------------------------------------------------
+    def _settle(self) -> None:
+        """Check and merge every queued free in one pass (one device sync, if any, is here)."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        calls = pending if self._on_host else [p.to(_CPU) for p in pending]
+        try:
+            self._give_back(calls)
+        except KVCacheError:
+            self._give_back_one_by_one(pending, calls)
+        else:
+            if self._on_settled is not None:
+                self._on_settled(pending, frozenset())
+
+    def _allocated(self, slots: torch.Tensor) -> torch.Tensor:
+        """Which of ``slots`` (host int64) lie in handed-out pages (queued frees not counted).
+
+        For composites rolling back a rejected call at settle time: a later call of the same
+        batch may have freed the same slots, and then they are not to be put back.
+        """
+        self._free.sync_marks()
+        return torch.index_select(self._free.is_free, 0, slots // self.page_size) == 0
+
+    def _settle_if_due(self) -> None:
+        """Settle when the queue reached its bound (or at once, with eager checks)."""
+        pending = self._pending
+        if len(pending) >= _MAX_PENDING_CALLS or (
+            self.eager_checks and pending and pending[-1].device.type == "cpu"
+        ):
+            self._settle()
+
+    def _give_back_one_by_one(self, pending: list[torch.Tensor], calls: list[torch.Tensor]) -> None:
+        """Slow path after a bad batch: apply every good call, reject the bad ones, tell the
+        owning composite which were which, then raise one error naming the first bad id."""
+        failures: list[tuple[int, KVCacheError]] = []
+        for number, call in enumerate(calls, start=1):
+            try:
+                self._give_back([call])
+            except KVCacheError as exc:
+                failures.append((number, exc))
+        if self._on_settled is not None:
+            self._on_settled(pending, frozenset(number - 1 for number, _ in failures))
+        number, first = failures[0]
+        context = (
+            f" (queued free call {number} of {len(calls)}; "
+            f"{len(failures)} bad call(s) rejected, the other frees applied)"
+        )
+        raise type(first)(f"{first}{context}") from None
+
+    def _give_back(self, calls: list[torch.Tensor]) -> None:
+        slots = calls[0] if len(calls) == 1 else torch.cat(calls)
+        if self.page_size == 1:
+            self._free.give_back(slots, None, what="slot", pieces=calls)
+            return
+        if bool((slots == 0).any()):
+            raise DoubleFreeError("slot 0 is reserved and is never allocated")
+        sizes = torch.tensor([c.numel() for c in calls])
+        groups = torch.repeat_interleave(torch.arange(len(calls)), sizes)
+        self._free.give_back(slots // self.page_size, groups, what="page")
+
+    def _reserve(self, pages: int) -> bool:
+        """Whether ``pages`` free pages exist, merging queued frees only when the stack is short."""
+        if pages > self._free.top:
+            self._settle()
+        return pages <= self._free.top
+
+    def _slots_of(self, pages: torch.Tensor) -> torch.Tensor:
+        if self.page_size == 1:
+            return pages
+        return (pages[:, None] * self.page_size + self._offsets).reshape(-1)
+
+    def _out(self, slots: torch.Tensor) -> torch.Tensor:
+        return slots if self._on_host else slots.to(self.device)
+
+    def available_size(self) -> int:
+        """Free tokens: free pages times the page size."""
+        self._settle()
+        return self._free.top * self.page_size
+
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        """``need_size`` slots (whole pages), or None when they do not fit; never partial."""
+        page_size = self.page_size
+        pages, rest = divmod(need_size, page_size)
+        if rest or need_size < 0:
+            self._pages_for(need_size)  # raises
+        free = self._free
+        if pages > free.top and not self._reserve(pages):
+            return None
+        ids = free.take(pages)
+        if page_size != 1:
+            ids = self._slots_of(ids)
+        return ids if self._on_host else ids.to(self.device)
+
+    def _pages_for(self, need_size: int) -> int:
+        """The pages ``alloc(need_size)`` takes, or the error a bad ``need_size`` gets
+        (composites check it before they look at room on their other side)."""
+        pages, rest = divmod(need_size, self.page_size)
+        if rest or need_size < 0:
+            raise AllocatorError(
+                f"need_size must be a non-negative multiple of page_size {self.page_size}, got "
+                f"{need_size}; use alloc_extend/alloc_decode for partial pages"
+            )
+        return pages
+
+    def free(self, indices: torch.Tensor) -> None:
+        """Release slots (and so their whole pages). Checked in a batch; see the module doc."""
+        dtype = getattr(indices, "dtype", None)
+        if dtype not in _INDEX_DTYPES:
+            if not isinstance(indices, torch.Tensor):
+                raise InvalidSlotError(f"indices must be a tensor, got {type(indices).__name__}")
+            raise InvalidSlotError(f"indices must have an integer dtype, got {indices.dtype}")
+        if indices.numel() == 0:
+            return
+        if self._collect(indices):
+            return
+        # Own a copy now (inline :meth:`_own`: this is the hot path).
+        if dtype is not torch.int64:
+            indices = indices.reshape(-1).to(torch.int64)
+        elif indices.dim() == 1:
+            indices = indices.clone()
+        else:
+            indices = indices.reshape(-1).clone()
+        if self._on_host and not indices.is_cpu:
+            indices = indices.cpu()
+        self._pending.append(indices)
+        if len(self._pending) >= _MAX_PENDING_CALLS or (
+            self.eager_checks and indices.device.type == "cpu"
+        ):
+            self._settle()
+
+    def _own(self, indices: torch.Tensor) -> torch.Tensor:
+        """A 1-D int64 copy of ``indices`` (on the host for a host allocator).
+
+        Why a copy: callers free views (a row of a request table) that they reuse, and the
+        queued call must keep the ids it was given.
+        """
+        if indices.dtype is not torch.int64:
+            indices = indices.reshape(-1).to(torch.int64)
+        elif indices.dim() == 1:
+            indices = indices.clone()
+        else:
+            indices = indices.reshape(-1).clone()
+        if self._on_host and not indices.is_cpu:
+            indices = indices.cpu()  # a host allocator keeps its queue on the host
+        return indices
+
+    def _enqueue(self, owned: torch.Tensor, *, settle_if_due: bool = True) -> None:
+        """Queue one free call that a composite owner already checked and copied (1-D int64 on
+        this allocator's device, never written again); its verdict comes back through
+        :attr:`_on_settled` with this very tensor."""
+        self._pending.append(owned)
+        if settle_if_due:
+            self._settle_if_due()
+
+    def _free_calls(self, calls: list[torch.Tensor]) -> None:
+        """End of a free group: each collected call is queued as a call of its own, so a bad
+        one is rejected alone (with the one error of the settle) and the others are applied.
+        All are queued before any settle, so an error cannot drop the group's later calls."""
+        self._pending.extend(self._own(c) for c in calls if c.numel())
+        self._settle_if_due()
+
+    def check_frees(self) -> None:
+        """Check and merge queued frees now, raising on a bad one (see the module doc)."""
+        self._settle()
+
+    def backup_state(self) -> object:
+        """A state that :meth:`restore_state` brings back exactly (undoing allocs and frees).
+
+        Queued frees are settled first, so they are part of the state; a bad one raises here,
+        after the good ones were applied, and no state is returned (call again).
+        """
+        self._flush_group()
+        self._settle()
+        return ("paged-slot-allocator", id(self), self._free.snapshot())
+
+    def restore_state(self, state: object) -> None:
+        if not (
+            isinstance(state, tuple)
+            and len(state) == 3
+            and state[:2]
+            == (
+                "paged-slot-allocator",
+                id(self),
+            )
+        ):
+            raise AllocatorError("restore_state got a state this allocator did not back up")
+        self._pending.clear()
+        self._free.restore(state[2])
+        self._forget_collected()
+
+    def clear(self) -> None:
+        """Free every slot but the reserved slot 0."""
+        self._pending.clear()
+        self._group = None
+        self._free.reset()
+
+    def get_kvcache(self) -> KVPool:
+        return self._kvcache
+
+    # -- paged allocation ------------------------------------------------------------------
+    def alloc_extend(
+        self,
+        prefix_lens: torch.Tensor,
+        seq_lens: torch.Tensor,
+        last_loc: torch.Tensor,
+        extend_num_tokens: int,
+    ) -> torch.Tensor | None:
+        """Slots for extending each request from ``prefix_len`` to ``seq_len`` tokens.
+
+        Each request first fills the rest of its partial page (from ``last_loc + 1``), then takes
+        whole new pages. Returns the concatenated slots, or None (consuming nothing) when the new
+        pages do not fit.
+        """
+        plan, new_pages = self._extend_plan(prefix_lens, seq_lens, last_loc, extend_num_tokens)
+        if not self._reserve(new_pages):
+            return None
+        P = self.page_size
+        pages = self._free.take(new_pages)
+        out: list[torch.Tensor] = []
+        cursor = 0
+        for start, partial, rest in plan:
+            if partial:
+                out.append(torch.arange(start, start + partial, dtype=torch.int64))
+            if rest:
+                k = -(-rest // P)
+                out.append(self._slots_of(pages[cursor : cursor + k])[:rest])
+                cursor += k
+        result = torch.cat(out) if out else torch.empty(0, dtype=torch.int64)
+        return self._out(result)
+
+    def _extend_plan(
+        self,
+        prefix_lens: torch.Tensor,
+        seq_lens: torch.Tensor,
+        last_loc: torch.Tensor,
+        extend_num_tokens: int,
+    ) -> tuple[list[tuple[int, int, int]], int]:
+        """Check an ``alloc_extend`` call without changing anything; return, per request,
+        (first partial slot, partial count, new tokens) and the number of new pages.
+        Composite allocators call it to reject a bad call before either side moves."""
+        prefixes = [int(x) for x in prefix_lens.reshape(-1).tolist()]
+        seqs = [int(x) for x in seq_lens.reshape(-1).tolist()]
+        lasts = [int(x) for x in last_loc.reshape(-1).tolist()]
+        if not len(prefixes) == len(seqs) == len(lasts):
+            raise AllocatorError("prefix_lens, seq_lens and last_loc must have the same length")
+        total = sum(s - p for p, s in zip(prefixes, seqs, strict=True))
+        if total != extend_num_tokens:
+            raise AllocatorError(
+                f"extend_num_tokens is {extend_num_tokens} "
+                f"but seq_lens - prefix_lens sum to {total}"
+            )
+        P = self.page_size
+        plan: list[tuple[int, int, int]] = []
+        continued: list[tuple[int, int]] = []  # (last_loc, tokens before) of continued pages
+        new_pages = 0
+        for p, s, last in zip(prefixes, seqs, lasts, strict=True):
+            if s < p or p < 0:
+                raise AllocatorError(f"seq_len {s} is shorter than prefix_len {p}")
+            partial = min((-p) % P, s - p)
+            if partial:
+                continued.append((last, p))
+            rest = s - p - partial
+            plan.append((last + 1, partial, rest))
+            new_pages += -(-rest // P)
+        self._check_last_locs(continued)
+        return plan, new_pages
+
+    def alloc_decode(self, seq_lens: torch.Tensor, last_loc: torch.Tensor) -> torch.Tensor | None:
+        """One slot per request; ``seq_lens`` include the new token."""
+        lasts, needs_page = self._decode_plan(seq_lens, last_loc)
+        fresh_pages = sum(needs_page)
+        if not self._reserve(fresh_pages):
+            return None
+        P = self.page_size
+        pages = iter(self._free.take(fresh_pages).tolist())
+        result = [
+            next(pages) * P if fresh else last + 1
+            for last, fresh in zip(lasts, needs_page, strict=True)
+        ]
+        return self._out(torch.tensor(result, dtype=torch.int64))
+
+    def _decode_plan(
+        self, seq_lens: torch.Tensor, last_loc: torch.Tensor
+    ) -> tuple[list[int], list[bool]]:
+        """Check an ``alloc_decode`` call without changing anything; return the last slots and
+        which requests start a new page.
+
+        Every request with a prefix must name a slot it holds: a ``last_loc`` in a free page
+        (settled or still queued) means the caller's table is stale, and handing out the slot
+        after it, or a page as if the request were fine, would corrupt another request.
+        """
+        seqs = [int(x) for x in seq_lens.reshape(-1).tolist()]
+        lasts = [int(x) for x in last_loc.reshape(-1).tolist()]
+        if len(seqs) != len(lasts):
+            raise AllocatorError("seq_lens and last_loc must have the same length")
+        P = self.page_size
+        needs_page = [(s - 1) % P == 0 for s in seqs]
+        every = self._check_every_last_loc
+        checked: list[tuple[int, int]] = []
+        for s, last, fresh in zip(seqs, lasts, needs_page, strict=True):
+            if s < 1:
+                raise AllocatorError(f"seq_len must be >= 1 for decode, got {s}")
+            if s > 1 and (every or not fresh):
+                checked.append((last, s - 1))
+        self._check_last_locs(checked)
+        return lasts, needs_page
+
+    def _check_last_locs(self, requests: list[tuple[int, int]]) -> None:
+        """Each ``(last_loc, tokens before)`` must be a held slot at the offset its length says.
+
+        Queued frees are settled first (only when there are some): a page freed a moment ago
+        is as free as one freed long ago. One vectorised read covers every request.
+        """
+        if not requests:
+            return
+        P = self.page_size
+        for last, tokens_before in requests:
+            if last < P or last >= self.size + P or last % P != (tokens_before - 1) % P:
+                raise AllocatorError(
+                    f"last_loc {last} cannot be the last slot of a request holding "
+                    f"{tokens_before} tokens with page_size {P}"
+                )
+        if self._pending:
+            self._settle()
+        self._free.sync_marks()
+        lasts = torch.tensor([last for last, _ in requests], dtype=torch.int64)
+        free = torch.index_select(self._free.is_free, 0, lasts // P).bool()
+        if bool(free.any()):
+            last = int(lasts[free][0])
+            where = f"slot {last}" if P == 1 else f"page {last // P}"
+            raise AllocatorError(
+                f"last_loc {last} lies in {where}, which is free: the request's slots were "
+                "freed (or never allocated) and its table is stale"
+            )
+
+
+class TokenSlotAllocator(PagedSlotAllocator):
+    """Slot-granular allocator (page size 1): the free list starts as ``1..size``."""
+
+    def __init__(
+        self, size: int, kvcache: KVPool, device: torch.device | str | None = None
+    ) -> None:
+        super().__init__(size, 1, kvcache, device)

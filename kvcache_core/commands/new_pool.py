@@ -1,0 +1,110 @@
+"""``kvcache new-pool NAME [--kind mha] [--dir PATH]``: scaffold an installable pool package.
+
+Why a scaffold: a pool author's first hour goes on packaging (the entry point group, the hook
+marker, a battery that runs in their own tests, CI), not on the pool. The scaffold is a package
+that installs, is discovered, passes ``kvcache check`` at every level and runs the behaviour
+battery from its own tests before its author changes a line, built only on ``kvcache_core``'s
+public names, so the author starts from something green and keeps it green.
+
+It never overwrites: a directory that exists and is not empty is refused (an empty one, such
+as the one ``mkdir && cd`` just made, is filled). NAME must be a valid distribution name (PEP
+508) that also gives an importable module (``my-pool`` -> ``my_pool``), and must not be the
+name of an installed pool plugin (discovery would reject both).
+"""
+
+from __future__ import annotations
+
+import argparse
+import keyword
+import re
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from ..scaffold import KINDS, render
+
+__all__ = ["register", "run"]
+
+_DIST_NAME = re.compile(r"^([A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9])$", re.IGNORECASE)
+
+
+def register(sub: Any) -> None:
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "new-pool",
+        help="scaffold an installable pool package that passes every check",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("name", metavar="NAME", help="pool and distribution name, e.g. my-pool")
+    parser.add_argument(
+        "--kind",
+        default="mha",
+        help=f"pool kind to start from (default: mha; supported: {', '.join(KINDS)})",
+    )
+    parser.add_argument(
+        "--dir", metavar="PATH", help="directory to create (default: ./NAME); never overwritten"
+    )
+    parser.set_defaults(run=run)
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a scaffolded pool, or None."""
+    if not _DIST_NAME.match(name):
+        return (
+            f"{name!r} is not a valid distribution name: use letters, digits, '-', '_' and '.', "
+            "starting and ending with a letter or digit (PEP 508), e.g. 'my-pool'"
+        )
+    module = module_name(name)
+    if not module.isidentifier() or keyword.iskeyword(module) or module[0].isdigit():
+        return (
+            f"{name!r} gives the module name {module!r}, which Python cannot import: "
+            "start the name with a letter"
+        )
+    taken = {ep.name for ep in metadata.entry_points(group="kvcache.pools")}
+    if name.lower() in taken:
+        return (
+            f"a pool plugin named {name!r} is already installed; discovery rejects two plugins "
+            "of one name, so pick another"
+        )
+    return None
+
+
+def module_name(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def run(args: argparse.Namespace) -> int:
+    name: str = args.name
+    problem = name_problem(name)
+    if problem is not None:
+        print(f"kvcache new-pool: error: {problem}", file=sys.stderr)
+        return 2
+    if args.kind not in KINDS:
+        print(
+            f"kvcache new-pool: error: --kind {args.kind} is not scaffolded yet "
+            f"(supported: {', '.join(KINDS)}); start from --kind mha and see docs/pools/ for "
+            "what that kind adds",
+            file=sys.stderr,
+        )
+        return 2
+    target = Path(args.dir if args.dir is not None else name)
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        print(
+            f"kvcache new-pool: error: {target} already exists and is not an empty directory; "
+            "nothing was written (choose another --dir)",
+            file=sys.stderr,
+        )
+        return 2
+    files = render(name, module_name(name), args.kind)
+    for relative, text in files.items():
+        path = target / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    print(f"created {target}/ with pool {name!r} ({args.kind}):")
+    for relative in sorted(files):
+        print(f"  {relative}")
+    print(
+        f"next: cd {target} && pip install -e . && kvcache check {name} && pytest",
+    )
+    return 0
