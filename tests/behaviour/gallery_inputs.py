@@ -28,6 +28,7 @@ from kvcache_core import (
 from kvcache_plugins._layers import layer_id_of, write_slots
 from kvcache_plugins.allocators import PagedSlotAllocator
 from kvcache_plugins.mha import MHATokenToKVPool
+from kvcache_plugins.mha import create as create_mha
 
 __all__ = ["GALLERY", "kvcache_pool_specs"]
 
@@ -123,18 +124,10 @@ class DropsMambaOnReload(PagedSlotAllocator):
 
 
 def _mha(config: PoolConfig, pool_class: type[MHATokenToKVPool]) -> MHATokenToKVPool:
-    return pool_class(
-        size=config.size,
-        page_size=config.page_size,
-        dtype=config.dtype,
-        head_num=config.head_num,
-        head_dim=config.head_dim,
-        layer_num=config.layer_num,
-        device=config.device,
-        v_head_dim=config.v_head_dim,
-        start_layer=config.start_layer,
-        check_write_slots=config.checks_write_slots,
-    )
+    """The built-in MHA pool, built by its own factory, with ``pool_class`` swapped in."""
+    pool, _ = create_mha(config)
+    pool.__class__ = pool_class
+    return pool
 
 
 def _spec(name: str, pool_class: type, allocator_class: type, factory: object) -> PoolSpec:

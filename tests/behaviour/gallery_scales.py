@@ -14,6 +14,7 @@ import torch
 from kvcache_core import Capability, KVWriteLoc, LayerLike, PoolConfig, PoolSpec
 from kvcache_plugins.allocators import PagedSlotAllocator
 from kvcache_plugins.mha import MHATokenToKVPool
+from kvcache_plugins.mha import create as create_mha
 
 
 class AlwaysDividingPool(MHATokenToKVPool):
@@ -34,16 +35,10 @@ class AlwaysDividingPool(MHATokenToKVPool):
 
 
 def _create(config: PoolConfig) -> tuple[AlwaysDividingPool, PagedSlotAllocator]:
-    pool = AlwaysDividingPool(
-        size=config.size,
-        page_size=config.page_size,
-        dtype=config.dtype,
-        head_num=config.head_num,
-        head_dim=config.head_dim,
-        layer_num=config.layer_num,
-        device=config.device,
-    )
-    return pool, PagedSlotAllocator(config.size, config.page_size, pool)
+    """The built-in MHA pool, built by its own factory, with this class swapped in."""
+    pool, allocator = create_mha(config)
+    pool.__class__ = AlwaysDividingPool
+    return pool, allocator
 
 
 GALLERY: list[tuple[str, PoolSpec]] = [

@@ -23,6 +23,7 @@ from kvcache_core import (
 )
 from kvcache_plugins.allocators import PagedSlotAllocator
 from kvcache_plugins.mha import MHATokenToKVPool
+from kvcache_plugins.mha import create as create_mha
 
 
 class AliasedLocPool(MHATokenToKVPool):
@@ -48,16 +49,10 @@ class AliasedLocPool(MHATokenToKVPool):
 
 
 def _create(config: PoolConfig) -> tuple[AliasedLocPool, PagedSlotAllocator]:
-    pool = AliasedLocPool(
-        size=config.size,
-        page_size=config.page_size,
-        dtype=config.dtype,
-        head_num=config.head_num,
-        head_dim=config.head_dim,
-        layer_num=config.layer_num,
-        device=config.device,
-    )
-    return pool, PagedSlotAllocator(config.size, config.page_size, pool)
+    """The built-in MHA pool, built by its own factory, with this class swapped in."""
+    pool, allocator = create_mha(config)
+    pool.__class__ = AliasedLocPool
+    return pool, allocator
 
 
 GALLERY: list[tuple[str, PoolSpec]] = [
