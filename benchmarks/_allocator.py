@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from _offload import interleaved
+from _report import interleaved, median_of
 
 # ----------------------------------------------------------------------------- 2. allocator
 
@@ -48,7 +48,7 @@ def bench_allocator(quick: bool, repeat: int) -> None:
 
         return cycle
 
-    times = interleaved({name: run(make) for name, make in makers.items()}, repeat)
+    times = median_of(interleaved({name: run(make) for name, make in makers.items()}, repeat))
     base = cycles / times["naive cat"]
     for name in makers:
         rate = cycles / times[name]

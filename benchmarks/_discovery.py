@@ -5,8 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-# ----------------------------------------------------------------------------- 3. discovery
-
+from _report import figure
 
 _PRELUDE = "import time, torch, pluggy, kvcache_core\n"
 _COLD = {
