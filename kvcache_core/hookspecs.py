@@ -6,9 +6,12 @@ surface this small is what lets the contract evolve without breaking every plugi
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pluggy
 
-from .contracts.spec import PoolSpec
+if TYPE_CHECKING:  # annotations only: importing the markers must not import torch
+    from .contracts.spec import PoolSpec
 
 __all__ = ["PROJECT_NAME", "hookimpl", "hookspec", "kvcache_pool_specs"]
 

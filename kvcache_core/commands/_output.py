@@ -15,7 +15,6 @@ from ..conformance.expected import ExpectedFailure
 from ..conformance.expected import load_expected_failures as _load_expected
 from ..conformance.merge import merge_levels
 from ..conformance.model import CheckResult
-from ..conformance.resolve import UsageError
 from ..conformance.runner import exit_code
 from ..conformance.suppressions import (
     Suppression,
@@ -24,6 +23,7 @@ from ..conformance.suppressions import (
     load_pyproject,
     scan_inline,
 )
+from ..conformance.usage import UsageError
 
 __all__ = [
     "FORMATS",

@@ -13,25 +13,9 @@ import argparse
 import sys
 from typing import Any
 
-from ..conformance.resolve import UsageError, parse_protocols, resolve_targets
-from ..conformance.runner import (
-    ALL_LEVELS,
-    DEFAULT_LEVELS,
-    active_rules,
-    check_contract_version,
-    parse_levels,
-    run_levels,
-)
-from ..conformance.sources import SourceIndex
-from ..contracts.spec import CONTRACT_VERSION
-from ..progress import Progress
-from ._output import (
-    add_output_options,
-    finish,
-    load_config,
-    load_expected_failures,
-    usage_error,
-)
+from ..conformance.runner import ALL_LEVELS, DEFAULT_LEVELS
+from ..contracts.history import CONTRACT_VERSION
+from ._output import add_output_options
 
 __all__ = ["register", "run"]
 
@@ -75,6 +59,20 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Imported here, not at module level: registering the parser must stay cheap, and which of
+    # these pull in torch depends on the targets (plugins do; paths at --level source do not).
+    from ..conformance.resolve import parse_protocols, resolve_targets
+    from ..conformance.runner import (
+        active_rules,
+        check_contract_version,
+        parse_levels,
+        run_levels,
+    )
+    from ..conformance.sources import SourceIndex
+    from ..conformance.usage import UsageError
+    from ..progress import Progress
+    from ._output import finish, load_config, load_expected_failures, usage_error
+
     try:
         levels = parse_levels(args.level)
         against = parse_protocols(args.against)

@@ -13,16 +13,22 @@ import argparse
 import json
 import sys
 import time
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from ..contracts.spec import CONTRACT_VERSION
-from ..discovery import Registry, discover
-from ..engine import DemoSettings, PoolReport, Scheduler, run_demo, smallest_budget
+from ..contracts.history import CONTRACT_VERSION
+
+if TYPE_CHECKING:  # the engine and discovery import torch: only `run` needs them
+    from ..discovery import Registry
+    from ..engine import DemoSettings, PoolReport, Scheduler
 
 __all__ = ["SCHEMA_VERSION", "register", "render_json", "render_text", "run"]
 
 #: Version of the JSON document (docs/demo-json-schema.json).
 SCHEMA_VERSION = 1
+
+#: ``DemoSettings()``'s defaults, spelled out so that registering the parser (which every
+#: ``kvcache`` command does) does not import the engine, hence torch; a test keeps them equal.
+DEFAULTS: dict[str, int] = {"requests": 12, "budget": 96, "seed": 0, "page_size": 4}
 
 
 def register(sub: Any) -> None:
@@ -32,34 +38,35 @@ def register(sub: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    defaults = DemoSettings()
     parser.add_argument(
         "--pool", default="all", metavar="NAME|all", help="pool to run (default: all)"
     )
     parser.add_argument(
-        "--requests", type=int, default=defaults.requests, metavar="N", help="requests per run"
+        "--requests", type=int, default=DEFAULTS["requests"], metavar="N", help="requests per run"
     )
     parser.add_argument(
         "--budget",
         type=int,
-        default=defaults.budget,
+        default=DEFAULTS["budget"],
         metavar="TOKENS",
-        help=f"token slots in the constrained run (default: {defaults.budget})",
+        help=f"token slots in the constrained run (default: {DEFAULTS['budget']})",
     )
     parser.add_argument(
         "--page-size",
         type=int,
         default=None,
         metavar="P",
-        help=f"page size for every pool (default: {defaults.page_size}, with per-pool "
+        help=f"page size for every pool (default: {DEFAULTS['page_size']}, with per-pool "
         "exceptions shown in the output)",
     )
-    parser.add_argument("--seed", type=int, default=defaults.seed, metavar="S")
+    parser.add_argument("--seed", type=int, default=DEFAULTS["seed"], metavar="S")
     parser.add_argument("--format", choices=("text", "json"), default="text")
     parser.set_defaults(run=run)
 
 
 def _settings(args: argparse.Namespace) -> DemoSettings:
+    from ..engine import DemoSettings, smallest_budget
+
     for name in ("requests", "budget"):
         if getattr(args, name) <= 0:
             raise ValueError(f"--{name} must be positive")
@@ -115,6 +122,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"kvcache demo: error: {exc}", file=sys.stderr)
         return 2
+    from ..discovery import discover
+    from ..engine import run_demo
+
     registry = discover()
     names = None if args.pool == "all" else [args.pool]
     if names is not None and args.pool not in registry.accepted:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..conformance.render.jsonout import finding_to_json as finding_json
-from ..contracts.spec import CONTRACT_VERSION, PoolSpec
-from ..discovery import Registry, discover
+from ..contracts.history import CONTRACT_VERSION
+
+if TYPE_CHECKING:  # both import torch: only `run` needs them
+    from ..contracts.spec import PoolSpec
+    from ..discovery import Registry
 
 
 def register(sub: Any) -> None:
@@ -90,6 +93,8 @@ def _line(kind: str, finding: dict[str, object]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..discovery import discover
+
     registry = discover()
     table = rows(registry)
     if args.format == "json":

@@ -27,8 +27,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .resolve import UsageError
 from .suppressions import read_tool_section
+from .usage import UsageError
 
 if TYPE_CHECKING:
     from ..contracts.spec import PoolSpec

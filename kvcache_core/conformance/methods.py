@@ -13,9 +13,8 @@ import re
 from collections.abc import Collection, Sequence
 from functools import cache
 
-from ..contracts.history import VERSIONS
+from ..contracts.history import CONTRACT_VERSION, VERSIONS
 from ..contracts.signature import MethodSig
-from ..contracts.spec import CONTRACT_VERSION
 from .bodies import dropped_parameters, only_raises_not_implemented, raw_loc_uses
 from .compare import compare_signatures
 from .introspect import protocol_attributes, protocol_methods

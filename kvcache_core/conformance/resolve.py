@@ -25,12 +25,9 @@ from .model import CheckResult, Finding, Location, Outcome
 from .plugins import plugin_targets
 from .sources import ClassSource, SourceIndex, module_name_for, python_files
 from .target import ClassTarget
+from .usage import UsageError
 
 __all__ = ["UsageError", "is_path", "parse_protocols", "resolve_targets"]
-
-
-class UsageError(Exception):
-    """The command line (or configuration) asks for something impossible: exit code 2."""
 
 
 def is_path(text: str) -> bool:

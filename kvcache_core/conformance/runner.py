@@ -15,15 +15,13 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import cast
 
-from ..contracts.history import VERSIONS
-from ..contracts.spec import CONTRACT_VERSION
-from . import signature, source
+from ..contracts.history import CONTRACT_VERSION, VERSIONS
 from .expected import ExpectedFailure
 from .model import CheckResult, Outcome
-from .resolve import UsageError
 from .rules import RULES, Severity
 from .sources import SourceIndex
 from .target import ClassTarget
+from .usage import UsageError
 
 __all__ = [
     "ALL_LEVELS",
@@ -118,6 +116,8 @@ def run_levels(
     ``expected_failures`` (from ``[tool.kvcache.expected-failures]``) are for the behaviour
     level, on top of what each ``PoolSpec`` declares itself.
     """
+    from . import signature, source  # here: `kvcache check --help` must not load the levels
+
     results: list[CheckResult] = []
     for number, level in enumerate(levels, start=1):
         if not targets:

@@ -12,7 +12,16 @@ from types import MappingProxyType
 
 from .signature import MethodSig, Param, ParamKind
 
-__all__ = ["VERSIONS", "ContractVersion"]
+__all__ = ["CONTRACT_VERSION", "VERSIONS", "ContractVersion"]
+
+CONTRACT_VERSION = 2
+"""The contract version this kvcache release defines (here, with the history, and not in
+``spec``, so that source-only commands can name it without importing torch).
+
+A [`PoolSpec`][kvcache_core.PoolSpec] declares the version it was written against, so
+discovery can tell a plugin written for an older contract (and say what changed since, from
+[`VERSIONS`][kvcache_core.VERSIONS]) from one that simply drifted.
+"""
 
 _KW = ParamKind.POSITIONAL_OR_KEYWORD
 _T = "torch.Tensor"

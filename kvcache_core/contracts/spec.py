@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from .allocator import PagedAllocator, TokenAllocator
+from .history import CONTRACT_VERSION
 from .pool import (
     HiSparsePool,
     IndexerKeyPool,
@@ -34,14 +35,6 @@ __all__ = [
     "PoolFactory",
     "PoolSpec",
 ]
-
-CONTRACT_VERSION = 2
-"""The contract version this kvcache release defines.
-
-A [`PoolSpec`][kvcache_core.PoolSpec] declares the version it was written against, so
-discovery can tell a plugin written for an older contract (and say what changed since, from
-[`VERSIONS`][kvcache_core.VERSIONS]) from one that simply drifted.
-"""
 
 
 class Capability(str, enum.Enum):

@@ -22,8 +22,8 @@ from contextlib import contextmanager
 from dataclasses import replace
 from types import CodeType
 
+from ...contracts.history import CONTRACT_VERSION
 from ...contracts.signature import MethodSig, sig_from_callable
-from ...contracts.spec import CONTRACT_VERSION
 from ..methods import (
     body_findings,
     body_may_find,

@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from ...contracts.history import CONTRACT_VERSION
 from ...contracts.signature import sig_from_ast
-from ...contracts.spec import CONTRACT_VERSION
 from ..methods import (
     attribute_finding,
     contract_attributes,

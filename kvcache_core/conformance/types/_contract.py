@@ -18,9 +18,8 @@ from dataclasses import dataclass
 from functools import cache
 from types import ModuleType
 
-from ...contracts.history import VERSIONS
+from ...contracts.history import CONTRACT_VERSION, VERSIONS
 from ...contracts.signature import MethodSig, sig_from_ast
-from ...contracts.spec import CONTRACT_VERSION
 
 __all__ = ["ContractMember", "contract_member"]
 

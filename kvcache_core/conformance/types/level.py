@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...contracts.spec import CONTRACT_VERSION
+from ...contracts.history import CONTRACT_VERSION
 from ..methods import protocol_by_name, split_by_protocol
 from ..model import CheckResult, Finding, Location, Outcome
 from ..sources import SourceIndex, module_name_for
