@@ -52,7 +52,11 @@ def python_files(path: str) -> list[str]:
     return sorted(found)
 
 
-def module_name_for(path: str, anchor: str | None = None) -> tuple[str, str]:
+def module_name_for(
+    path: str,
+    anchor: str | None = None,
+    packages: dict[tuple[str, str | None], tuple[list[str], str]] | None = None,
+) -> tuple[str, str]:
     """``(dotted module name, import root)`` of a file, from the ``__init__.py`` files above it.
 
     ``anchor`` is the folder the file was found under, as given on the command line. Folders
@@ -60,10 +64,24 @@ def module_name_for(path: str, anchor: str | None = None) -> tuple[str, str]:
     then starts at the given folder itself (``srt/mem_cache/memory_pool.py`` found under
     ``srt/mem_cache`` is ``mem_cache.memory_pool``), so that two files of one name in two
     folders stay two modules, and relative imports between given folders resolve.
+
+    ``packages`` caches the package part by folder, for callers naming many files of a tree.
     """
     path = os.path.abspath(path)
-    directory, filename = os.path.split(path)
-    parts = [] if filename == "__init__.py" else [filename[:-3]]
+    folder, filename = os.path.split(path)
+    known = packages.get((folder, anchor)) if packages is not None else None
+    if known is None:
+        known = _package_of(folder, anchor)
+        if packages is not None:
+            packages[(folder, anchor)] = known
+    prefix, directory = known
+    parts = [*prefix] if filename == "__init__.py" else [*prefix, filename[:-3]]
+    return ".".join(parts) or filename[:-3], directory
+
+
+def _package_of(directory: str, anchor: str | None) -> tuple[list[str], str]:
+    """``(package names, import root)`` of the files in ``directory`` (see module_name_for)."""
+    parts: list[str] = []
     while os.path.isfile(os.path.join(directory, "__init__.py")):
         directory, package = os.path.split(directory)
         parts.insert(0, package)
@@ -75,7 +93,7 @@ def module_name_for(path: str, anchor: str | None = None) -> tuple[str, str]:
                 break
             directory = parent
             parts.insert(0, package)
-    return ".".join(parts) or filename[:-3], directory
+    return parts, directory
 
 
 @dataclass(frozen=True)
@@ -332,6 +350,14 @@ class SourceIndex:
         #: their path components reversed, for resolving absolute imports by suffix.
         self._given: dict[str, tuple[str, ...]] = {}
         self._by_path: dict[str, ModuleSource] = {}
+        #: Given files not read yet (``register_file``): their module name, and, by name, the
+        #: files of that name in the order given (the last that parses wins, as with
+        #: ``load_file``). A file leaves these once read.
+        self._deferred_name: dict[str, str] = {}
+        self._deferred: dict[str, list[str]] = {}
+        self._packages: dict[tuple[str, str | None], tuple[list[str], str]] = {}
+        #: Given files that could not be read, with why (``register_file``d ones only).
+        self.given_errors: dict[str, Exception] = {}
 
     def add_root(self, root: str) -> None:
         root = os.path.abspath(root)
@@ -345,11 +371,7 @@ class SourceIndex:
         name, root = module_name_for(path, anchor)
         self.add_root(root)
         path = os.path.abspath(path)
-        stem = path[:-3] if path.endswith(".py") else path
-        parts = stem.split(os.sep)
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        self._given.setdefault(path, tuple(reversed(parts)))
+        self._given.setdefault(path, _reversed_parts(path))
         known = self._by_path.get(path) or self.modules.get(name)
         if known is not None and known.path == path:
             self.modules.setdefault(name, known)
@@ -358,6 +380,51 @@ class SourceIndex:
         self.modules[name] = module
         self._by_path[path] = module
         return module
+
+    def register_file(self, path: str, anchor: str | None = None) -> str:
+        """Know ``path`` as a given file without reading it; returns its module name.
+
+        The file is parsed the first time it is needed (``load_given``, or a lookup that leads
+        to its name or its path), under the name it was registered with, so that resolution
+        gives what it would give had every given file been loaded at once with ``load_file``:
+        this is what lets ``kvcache drift`` read only the files that matter in a large tree.
+        """
+        name, root = module_name_for(path, anchor, self._packages)
+        self.add_root(root)
+        path = os.path.abspath(path)
+        self._given.setdefault(path, _reversed_parts(path))
+        if path not in self._by_path and path not in self._deferred_name:
+            self._deferred_name[path] = name
+            self._deferred.setdefault(name, []).append(path)
+        return name
+
+    def load_given(self, path: str) -> ModuleSource | None:
+        """The registered file ``path``, parsed now if not yet (None, and ``given_errors``
+        says why, when it cannot be read)."""
+        path = os.path.abspath(path)
+        known = self._by_path.get(path)
+        if known is not None:
+            return known
+        name = self._deferred_name.get(path)
+        if name is None or path in self.given_errors:
+            return None
+        try:
+            module = parse_module(path, name)
+        except (OSError, SyntaxError, UnicodeDecodeError, ValueError) as exc:
+            self.given_errors[path] = exc
+            return None
+        self._by_path[path] = module
+        return module
+
+    def _deferred_module(self, name: str) -> ModuleSource | None:
+        """The registered module ``name``: of several files of that name, the last that parses
+        (what ``load_file`` over all of them in order would have left in ``modules``)."""
+        for path in reversed(self._deferred.pop(name, [])):
+            module = self.load_given(path)
+            if module is not None:
+                self.modules[name] = module
+                return module
+        return None
 
     def _by_suffix(self, name: str) -> str | None:
         """The given file whose path ends like the dotted ``name``, if exactly one does best.
@@ -432,6 +499,10 @@ class SourceIndex:
         """The module ``name``, parsed on first use; None when it cannot be found or read."""
         if name in self.modules:
             return self.modules[name]
+        if name in self._deferred:
+            found = self._deferred_module(name)
+            if found is not None:
+                return found
         if name in self._missing:
             return None
         path = self._locate(name)
@@ -439,6 +510,8 @@ class SourceIndex:
             self._missing.add(name)
             return None
         same = self._by_path.get(os.path.abspath(path))
+        if same is None and os.path.abspath(path) in self._deferred_name:
+            same = self.load_given(path)  # a given file, read under the name it was given as
         if same is not None:  # already read under another name: one module, one set of classes
             self.modules[name] = same
             return same
@@ -582,6 +655,15 @@ class SourceIndex:
             for cls in module.classes.values()
             if any(k is root for k in self.mro(cls))
         ]
+
+
+def _reversed_parts(path: str) -> tuple[str, ...]:
+    """Path components of a file's module path, last first (``pkg/mod/__init__.py``: mod, pkg)."""
+    stem = path[:-3] if path.endswith(".py") else path
+    parts = stem.split(os.sep)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return tuple(reversed(parts))
 
 
 def _merge(seqs: list[list[Resolved]]) -> list[Resolved]:

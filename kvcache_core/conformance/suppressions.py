@@ -33,8 +33,8 @@ from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 
 from .model import CheckResult, Finding, Location, Outcome
-from .resolve import UsageError
 from .rules import RULES
+from .usage import UsageError
 
 __all__ = [
     "Suppression",
@@ -46,6 +46,8 @@ __all__ = [
 ]
 
 _INLINE = re.compile(r"#\s*kvcache:\s*ignore\[([^\]]*)\](.*)$")
+#: What a file must hold for any of its comments to match ``_INLINE`` (tokenizing is slow).
+_INLINE_ANYWHERE = re.compile(r"#\s*kvcache:\s*ignore\[")
 _KEYS = frozenset({"rule", "target", "method", "reason"})
 
 
@@ -176,7 +178,7 @@ def load_pyproject(path: str) -> list[Suppression]:
 def _comments(path: str) -> Iterable[tuple[int, str]]:
     with open(path, "rb") as fh:
         source = fh.read().decode("utf-8-sig", errors="replace")
-    if "kvcache:" not in source:
+    if "kvcache:" not in source or not _INLINE_ANYWHERE.search(source):
         return []
     try:
         tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))

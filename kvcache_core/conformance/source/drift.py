@@ -28,7 +28,6 @@ from ...contracts.signature import MethodSig, ParamKind, sig_from_ast
 from ..compare import compare_signatures
 from ..methods import outcome_for
 from ..model import CheckResult, Finding, Location, Outcome
-from ..resolve import UsageError
 from ..sources import (
     ClassSource,
     ExternalBase,
@@ -37,8 +36,9 @@ from ..sources import (
     module_name_for,
     python_files,
 )
+from ..usage import UsageError
 
-__all__ = ["DEFAULT_METHODS", "DRIFT_RULES", "analyze"]
+__all__ = ["DEFAULT_METHODS", "DRIFT_RULES", "DriftRun", "analyze", "run_drift"]
 
 DEFAULT_METHODS: tuple[str, ...] = ("get_cpu_copy", "load_cpu_copy", "set_kv_buffer")
 
@@ -83,14 +83,35 @@ class _Impl:
         )
 
 
-def _load(paths: Sequence[str], index: SourceIndex) -> tuple[list[ModuleSource], list[CheckResult]]:
-    files: dict[str, str] = {}  # file -> the path given that it was found under
+def _given_files(paths: Sequence[str]) -> dict[str, str]:
+    """Every Python file under ``paths``, in order, with the path given that it was found under."""
+    files: dict[str, str] = {}
     for given in paths:
         found = python_files(given)
         if not found:
             raise UsageError(f"no Python files at {given}")
         for path in found:
             files.setdefault(path, given)
+    return files
+
+
+def _load_error(path: str, exc: Exception) -> CheckResult:
+    line = getattr(exc, "lineno", None)
+    message = f"cannot parse {path}: {type(exc).__name__}: {exc}"
+    finding = Finding(
+        rule="load-error",
+        message=message,
+        target=path,
+        hint="fix the syntax error; nothing in this file was checked",
+        impl_location=Location(path, line if isinstance(line, int) else None),
+    )
+    return CheckResult(path, "drift", Outcome.ERROR, (finding,), detail=message)
+
+
+def _load_all(
+    files: dict[str, str], index: SourceIndex
+) -> tuple[list[ModuleSource], list[CheckResult]]:
+    """The unfiltered path: every file parsed, every syntax error reported."""
     for path, given in files.items():
         index.add_root(module_name_for(path, given)[1])
     modules: list[ModuleSource] = []
@@ -99,17 +120,65 @@ def _load(paths: Sequence[str], index: SourceIndex) -> tuple[list[ModuleSource],
         try:
             modules.append(index.load_file(path, given))
         except (OSError, SyntaxError, UnicodeDecodeError, ValueError) as exc:
-            line = getattr(exc, "lineno", None)
-            message = f"cannot parse {path}: {type(exc).__name__}: {exc}"
-            finding = Finding(
-                rule="load-error",
-                message=message,
-                target=path,
-                hint="fix the syntax error; nothing in this file was checked",
-                impl_location=Location(path, line if isinstance(line, int) else None),
-            )
-            errors.append(CheckResult(path, "drift", Outcome.ERROR, (finding,), detail=message))
+            errors.append(_load_error(path, exc))
     return modules, errors
+
+
+_MARK = b"kvcache:"  # what every inline suppression comment holds (suppressions.scan_inline)
+
+
+def _prefilter(methods: Sequence[str], root: str | None) -> tuple[list[bytes], re.Pattern[bytes]]:
+    """``(needles, pattern)``: a file is parsed when it holds a needle and the pattern matches.
+
+    A class can only define a followed method where the file spells ``def <name>`` (keyword and
+    name separated by whitespace or line continuations), and ``_calls`` only finds call sites
+    that match ``.<name>(``; with ``root``, the file defining that class spells its name. The
+    needles are a fast ``bytes`` search that rejects most files; the pattern confirms.
+    """
+    names = [m.encode() for m in methods]
+    alternatives = b"|".join(map(re.escape, names))
+    pattern = rb"\bdef[\s\\]+(?:" + alternatives + rb")\b|\.\s*(?:" + alternatives + rb")\s*\("
+    if root is not None:
+        name = root.rsplit(".", 1)[-1].encode()
+        names.append(name)
+        pattern += rb"|" + re.escape(name)
+    return names, re.compile(pattern)
+
+
+def _scan(
+    files: Sequence[str], needles: Sequence[bytes], pattern: re.Pattern[bytes]
+) -> tuple[list[str], list[str]]:
+    """``(files to parse, files holding an inline-suppression mark)``.
+
+    Each file is read once, as bytes, and dropped: nothing is kept for the files that do not
+    matter. A file that cannot be read is kept, so that parsing reports it.
+    """
+    hits: list[str] = []
+    marked: list[str] = []
+    for path in files:
+        try:
+            with open(path, "rb") as fh:
+                raw = fh.read()
+        except OSError:
+            hits.append(path)
+            continue
+        if any(n in raw for n in needles) and pattern.search(raw):
+            hits.append(path)
+        if _MARK in raw:
+            marked.append(path)
+    return hits, marked
+
+
+def _load_filtered(
+    files: dict[str, str], index: SourceIndex, methods: Sequence[str], root: str | None
+) -> tuple[list[ModuleSource], list[str]]:
+    """The prefiltered path: every file registered (for resolution), only candidates parsed;
+    bases are parsed later, when a class's MRO asks for them."""
+    for path, given in files.items():
+        index.register_file(path, given)
+    hits, marked = _scan(list(files), *_prefilter(methods, root))
+    modules = [m for m in map(index.load_given, hits) if m is not None]
+    return modules, marked
 
 
 def _scope(index: SourceIndex, classes: list[ClassSource], root: str | None) -> list[ClassSource]:
@@ -341,20 +410,44 @@ def _call_site_findings(
     return findings
 
 
-def analyze(
+@dataclass(frozen=True)
+class DriftRun:
+    """What one drift run found, and which files inline suppressions can be in."""
+
+    results: list[CheckResult]
+    #: Every file given (under the paths), in order.
+    files: list[str]
+    #: The files that may hold a ``# kvcache: ignore[...]`` comment (all of them, unfiltered).
+    suppression_files: list[str]
+
+
+def run_drift(
     paths: Sequence[str],
     *,
     methods: Sequence[str] = DEFAULT_METHODS,
     root: str | None = None,
     index: SourceIndex | None = None,
-) -> list[CheckResult]:
-    """Override drift (``drift:overrides``, per class) and call-site drift
-    (``drift:call-sites``, per module) in the Python files under ``paths``."""
+    prefilter: bool = True,
+) -> DriftRun:
+    """``analyze``, also saying which files were given and which may hold suppressions.
+
+    With ``prefilter`` (the default) only the files whose text names a followed method (or the
+    ``root`` class) are parsed, plus, on demand, the modules their classes' bases come from;
+    ``prefilter=False`` parses every file (the reference the tests compare the fast path with).
+    The findings are the same, with one difference by design: a file that names none of them
+    and does not define a base needed is never parsed, so a syntax error in it is not reported.
+    """
     index = index if index is not None else SourceIndex()
-    modules, results = _load(paths, index)
+    wanted = tuple(dict.fromkeys(methods))
+    files = _given_files(paths)
+    if prefilter:
+        modules, marked = _load_filtered(files, index, wanted, root)
+        results: list[CheckResult] = []
+    else:
+        modules, results = _load_all(files, index)
+        marked = list(files)
     classes = [c for m in modules for c in m.classes.values()]
     scope = _scope(index, classes, root)
-    wanted = tuple(dict.fromkeys(methods))
     implementers: dict[str, list[_Impl]] = {m: [] for m in wanted}
     for cls in scope:
         started = time.perf_counter()
@@ -392,4 +485,20 @@ def analyze(
                 duration_s=time.perf_counter() - started,
             )
         )
-    return results
+    if prefilter:  # files read on demand that failed, first and in file order, as unfiltered
+        failed = index.given_errors
+        results[:0] = [_load_error(p, failed[p]) for p in files if p in failed]
+    return DriftRun(results, list(files), marked)
+
+
+def analyze(
+    paths: Sequence[str],
+    *,
+    methods: Sequence[str] = DEFAULT_METHODS,
+    root: str | None = None,
+    index: SourceIndex | None = None,
+    prefilter: bool = True,
+) -> list[CheckResult]:
+    """Override drift (``drift:overrides``, per class) and call-site drift
+    (``drift:call-sites``, per module) in the Python files under ``paths``."""
+    return run_drift(paths, methods=methods, root=root, index=index, prefilter=prefilter).results
