@@ -22,7 +22,6 @@ from collections.abc import Sequence
 from .infer import infer_protocols
 from .methods import PROTOCOL_ORDER
 from .model import CheckResult, Finding, Location, Outcome
-from .plugins import plugin_targets
 from .sources import ClassSource, SourceIndex, module_name_for, python_files
 from .target import ClassTarget
 from .usage import UsageError
@@ -162,6 +161,10 @@ def resolve_targets(
         else:
             plugins.append(spec)
     if plugins or not specs:
+        # Here, not at module level: plugins are imported to read their specs (and they import
+        # torch); path and module:Class targets are only read, so they never pay for it.
+        from .plugins import plugin_targets
+
         try:
             found, failed = plugin_targets(plugins or None)
         except LookupError as exc:
