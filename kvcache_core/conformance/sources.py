@@ -416,6 +416,10 @@ class SourceIndex:
         self._by_path[path] = module
         return module
 
+    def parsed_files(self) -> list[str]:
+        """Every file parsed so far, in the order it was read."""
+        return list(self._by_path)
+
     def _deferred_module(self, name: str) -> ModuleSource | None:
         """The registered module ``name``: of several files of that name, the last that parses
         (what ``load_file`` over all of them in order would have left in ``modules``)."""
