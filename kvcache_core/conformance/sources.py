@@ -346,9 +346,11 @@ class SourceIndex:
         self.errors: dict[str, str] = {}
         self._missing: set[str] = set()
         self._mro: dict[int, list[Resolved]] = {}
-        #: Files read because they were given (not found through an import), by path, with
-        #: their path components reversed, for resolving absolute imports by suffix.
-        self._given: dict[str, tuple[str, ...]] = {}
+        #: Files given (not found through an import), by the last component of their module
+        #: path (``memory_pool`` for ``.../memory_pool.py``), for resolving absolute imports by
+        #: suffix (``_by_suffix``), in the order given. Only paths are held, so that a tree of
+        #: many files costs little until a file is read.
+        self._given: dict[str, list[str]] = {}
         self._by_path: dict[str, ModuleSource] = {}
         #: Given files not read yet (``register_file``): their module name, and, by name, the
         #: files of that name in the order given (the last that parses wins, as with
@@ -370,8 +372,7 @@ class SourceIndex:
         the folder it was found under, see ``module_name_for``)."""
         name, root = module_name_for(path, anchor)
         self.add_root(root)
-        path = os.path.abspath(path)
-        self._given.setdefault(path, _reversed_parts(path))
+        path = self._give(path)
         known = self._by_path.get(path) or self.modules.get(name)
         if known is not None and known.path == path:
             self.modules.setdefault(name, known)
@@ -391,16 +392,29 @@ class SourceIndex:
         """
         name, root = module_name_for(path, anchor, self._packages)
         self.add_root(root)
-        path = os.path.abspath(path)
-        self._given.setdefault(path, _reversed_parts(path))
+        path = self._give(path)
         if path not in self._by_path and path not in self._deferred_name:
             self._deferred_name[path] = name
             self._deferred.setdefault(name, []).append(path)
         return name
 
-    def load_given(self, path: str) -> ModuleSource | None:
+    def _give(self, path: str) -> str:
+        """Record ``path`` as given; returns it absolute (the caller's string when it was)."""
+        absolute = os.path.abspath(path)
+        path = path if absolute == path else absolute
+        same = self._given.setdefault(_reversed_parts(path)[0], [])
+        if path not in same:
+            same.append(path)
+        return path
+
+    def load_given(self, path: str, *, keep: bool = True) -> ModuleSource | None:
         """The registered file ``path``, parsed now if not yet (None, and ``given_errors``
-        says why, when it cannot be read)."""
+        says why, when it cannot be read).
+
+        With ``keep`` off, a module parsed now is not remembered (``adopt`` it to keep it): a
+        caller reading many files keeps only those that matter, and one needed later (as a
+        base) is parsed again then.
+        """
         path = os.path.abspath(path)
         known = self._by_path.get(path)
         if known is not None:
@@ -413,8 +427,14 @@ class SourceIndex:
         except (OSError, SyntaxError, UnicodeDecodeError, ValueError) as exc:
             self.given_errors[path] = exc
             return None
-        self._by_path[path] = module
+        if keep:
+            self._by_path[path] = module
         return module
+
+    def adopt(self, module: ModuleSource) -> ModuleSource:
+        """Remember a module ``load_given(keep=False)`` returned (the one already remembered
+        for its file, if any, wins: one file, one set of classes)."""
+        return self._by_path.setdefault(module.path, module)
 
     def parsed_files(self) -> list[str]:
         """Every file parsed so far, in the order it was read."""
@@ -445,7 +465,8 @@ class SourceIndex:
         best: str | None = None
         best_len = 0
         tie = False
-        for path, rparts in self._given.items():
+        for path in self._given.get(parts[0], ()):  # the last components must match
+            rparts = _reversed_parts(path)
             n = 0
             for a, b in zip(parts, rparts, strict=False):
                 if a != b:

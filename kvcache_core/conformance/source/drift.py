@@ -169,16 +169,49 @@ def _scan(
     return hits, marked
 
 
+@dataclass(frozen=True)
+class _CallsOnly:
+    """A module read only for its call sites: its name, file and calls; its tree is dropped."""
+
+    name: str
+    path: str
+    calls: list[_CallSite]
+
+
 def _load_filtered(
     files: dict[str, str], index: SourceIndex, methods: Sequence[str], root: str | None
-) -> tuple[list[ModuleSource], list[str]]:
-    """The prefiltered path: every file registered (for resolution), only candidates parsed;
-    bases are parsed later, when a class's MRO asks for them."""
+) -> tuple[list[ModuleSource], list[ModuleSource | _CallsOnly], list[str]]:
+    """The prefiltered path: ``(modules kept, every module read in file order, files that may
+    hold suppressions)``.
+
+    Every file is registered (for resolution), only candidates are parsed, and bases later,
+    when a class's MRO asks for them. A candidate is kept whole only when one of its classes
+    defines a followed method (or is the ``root``), or a ``super()`` call needs its classes;
+    of the others only their call sites are kept, so memory follows the hierarchy that
+    matters, not the number of files that call a method.
+    """
     for path, given in files.items():
         index.register_file(path, given)
     hits, marked = _scan(list(files), *_prefilter(methods, root))
-    modules = [m for m in map(index.load_given, hits) if m is not None]
-    return modules, marked
+    root_name = root.rsplit(".", 1)[-1] if root is not None else None
+    kept: list[ModuleSource] = []
+    entries: list[ModuleSource | _CallsOnly] = []
+    for path in hits:
+        module = index.load_given(path, keep=False)
+        if module is None:
+            continue
+        defines = root_name in module.classes or any(
+            m in cls.methods for cls in module.classes.values() for m in methods
+        )
+        calls = [] if defines else _calls(module, methods)
+        if defines or any(c.cls is not None and _is_super(c.call) for c in calls):
+            module = index.adopt(module)
+            kept.append(module)
+            entries.append(module)
+        else:
+            calls = [_CallSite(c.where, None, c.call) for c in calls]  # cls: for super() only
+            entries.append(_CallsOnly(module.name, module.path, calls))
+    return kept, entries, marked
 
 
 def _scope(index: SourceIndex, classes: list[ClassSource], root: str | None) -> list[ClassSource]:
@@ -372,7 +405,7 @@ def _receivers(index: SourceIndex, site: _CallSite, implementers: list[_Impl]) -
 
 def _call_site_findings(
     index: SourceIndex,
-    module: ModuleSource,
+    path: str,
     calls: Sequence[_CallSite],
     implementers: dict[str, list[_Impl]],
 ) -> list[Finding]:
@@ -404,7 +437,7 @@ def _call_site_findings(
                     parameter=kw.arg,
                     hint=f"add `{wanted}` to " + ", ".join(i.label for i in lacking),
                     contract_location=Location(first.sig.path or first.cls.path, first.sig.line),
-                    impl_location=Location(module.path, call.lineno),
+                    impl_location=Location(path, call.lineno),
                 )
             )
     return findings
@@ -441,10 +474,11 @@ def run_drift(
     wanted = tuple(dict.fromkeys(methods))
     files = _given_files(paths)
     if prefilter:
-        modules, marked = _load_filtered(files, index, wanted, root)
+        modules, entries, marked = _load_filtered(files, index, wanted, root)
         results: list[CheckResult] = []
     else:
         modules, results = _load_all(files, index)
+        entries = list(modules)
         marked = list(files)
     classes = [c for m in modules for c in m.classes.values()]
     scope = _scope(index, classes, root)
@@ -470,15 +504,15 @@ def run_drift(
                 duration_s=time.perf_counter() - started,
             )
         )
-    for module in modules:
+    for entry in entries:
         started = time.perf_counter()
-        calls = _calls(module, wanted)
+        calls = entry.calls if isinstance(entry, _CallsOnly) else _calls(entry, wanted)
         if not calls:
             continue
-        findings = _call_site_findings(index, module, calls, implementers)
+        findings = _call_site_findings(index, entry.path, calls, implementers)
         results.append(
             CheckResult(
-                module.name,
+                entry.name,
                 "drift:call-sites",
                 outcome_for(findings),
                 tuple(findings),
