@@ -1,5 +1,8 @@
 """The CLI starts like a linter: source-only commands import neither torch, mypy nor a plugin.
 
+``kvcache check --level source`` on paths (or ``module:Class``) reads the contract from its
+source too; checking a plugin by name still imports it (its ``PoolSpec`` names the classes).
+
 Each command runs in a fresh interpreter, which then reports what it imported. Timings are the
 benchmark's business (benchmarks/bench_drift.py); this only checks what was imported.
 """
@@ -60,6 +63,11 @@ def _probe(*argv: str) -> dict[str, object]:
         pytest.param(["drift", str(CORPUS)], id="drift"),
         pytest.param(["drift", str(CORPUS / "drift_tree"), "--format", "json"], id="drift-json"),
         pytest.param(["drift", str(CORPUS / "dsa_sub.py"), "--format", "sarif"], id="drift-sarif"),
+        pytest.param(["check", "--level", "source", str(CORPUS)], id="check-source"),
+        pytest.param(
+            ["check", "--level", "source", "--against", "KVPool", str(CORPUS / "dsa_sub.py")],
+            id="check-source-against",
+        ),
     ],
 )
 def test_source_only_commands_import_no_torch_mypy_or_plugin(argv: list[str]) -> None:

@@ -17,6 +17,11 @@ from ..contracts.history import CONTRACT_VERSION, VERSIONS
 from ..contracts.signature import MethodSig
 from .bodies import dropped_parameters, only_raises_not_implemented, raw_loc_uses
 from .compare import compare_signatures
+from .contract_source import (
+    source_attribute_location,
+    source_protocol_attributes,
+    source_protocol_methods,
+)
 from .introspect import protocol_attributes, protocol_methods
 from .model import Finding, Location, Outcome
 from .versions import change_note
@@ -71,13 +76,35 @@ def protocol_by_name(name: str) -> type:
     return proto
 
 
-def contract_methods(proto: type, version: int = CONTRACT_VERSION) -> dict[str, MethodSig]:
-    """The methods ``proto`` requires under contract ``version``.
+def _methods(proto: type | str) -> dict[str, MethodSig]:
+    """A Protocol's methods: from the class, or, given its name, from its source (the source
+    level's way: no import, hence no torch; the same answer, see ``contract_source``)."""
+    if isinstance(proto, str):
+        _known(proto)
+        return source_protocol_methods(proto)
+    return protocol_methods(proto)
+
+
+def _attributes(proto: type | str) -> dict[str, str]:
+    if isinstance(proto, str):
+        _known(proto)
+        return source_protocol_attributes(proto)
+    return protocol_attributes(proto)
+
+
+def _known(name: str) -> None:
+    if name not in PROTOCOL_ORDER:
+        raise KeyError(f"unknown protocol {name!r}; known: {', '.join(PROTOCOL_ORDER)}")
+
+
+def contract_methods(proto: type | str, version: int = CONTRACT_VERSION) -> dict[str, MethodSig]:
+    """The methods ``proto`` (a Protocol, or its name: read from source) requires under
+    contract ``version``.
 
     The current version is read from the Protocol itself (with its file and line); an older
     version replaces the methods ``history`` records for it, keeping the Protocol's location.
     """
-    methods = dict(protocol_methods(proto))
+    methods = dict(_methods(proto))
     if version != CONTRACT_VERSION:
         for name, old in VERSIONS[version].methods.items():
             if name in methods:
@@ -88,12 +115,15 @@ def contract_methods(proto: type, version: int = CONTRACT_VERSION) -> dict[str, 
     return methods
 
 
-def contract_attributes(proto: type) -> dict[str, str]:
-    return dict(protocol_attributes(proto))
+def contract_attributes(proto: type | str) -> dict[str, str]:
+    return dict(_attributes(proto))
 
 
-def split_by_protocol(protocols: Sequence[str]) -> list[tuple[str, list[str], list[str]]]:
-    """``(protocol, its methods, its attributes)`` with each member under one Protocol only."""
+def split_by_protocol(
+    protocols: Sequence[str], *, from_source: bool = False
+) -> list[tuple[str, list[str], list[str]]]:
+    """``(protocol, its methods, its attributes)`` with each member under one Protocol only
+    (``from_source``: the Protocols read from their source, not imported)."""
     ordered = sorted(
         dict.fromkeys(protocols),
         key=lambda p: PROTOCOL_ORDER.index(p) if p in PROTOCOL_ORDER else len(PROTOCOL_ORDER),
@@ -101,9 +131,9 @@ def split_by_protocol(protocols: Sequence[str]) -> list[tuple[str, list[str], li
     seen: set[str] = set()
     out: list[tuple[str, list[str], list[str]]] = []
     for name in ordered:
-        proto = protocol_by_name(name)
-        methods = [m for m in protocol_methods(proto) if m not in seen]
-        attrs = [a for a in protocol_attributes(proto) if a not in seen]
+        proto: type | str = name if from_source else protocol_by_name(name)
+        methods = [m for m in _methods(proto) if m not in seen]
+        attrs = [a for a in _attributes(proto) if a not in seen]
         seen.update(methods)
         seen.update(attrs)
         out.append((name, methods, attrs))
@@ -155,7 +185,14 @@ def attribute_location(proto: type, name: str) -> Location | None:
 
 
 def attribute_finding(
-    name: str, annotation: str, *, protocol: str, target: str, class_name: str, where: Location
+    name: str,
+    annotation: str,
+    *,
+    protocol: str,
+    target: str,
+    class_name: str,
+    where: Location,
+    from_source: bool = False,
 ) -> Finding:
     return Finding(
         rule="missing-attribute",
@@ -164,7 +201,9 @@ def attribute_finding(
         target=target,
         parameter=name,
         hint=f"set `self.{name}` in `__init__` (type `{annotation}`)",
-        contract_location=attribute_location(protocol_by_name(protocol), name),
+        contract_location=source_attribute_location(protocol, name)
+        if from_source
+        else attribute_location(protocol_by_name(protocol), name),
         impl_location=where,
     )
 

@@ -20,7 +20,6 @@ from ..methods import (
     method_findings,
     missing_method,
     outcome_for,
-    protocol_by_name,
     split_by_protocol,
 )
 from ..model import CheckResult, Finding, Location, Outcome
@@ -85,9 +84,9 @@ def check_class(
     contract_version: int = CONTRACT_VERSION,
 ) -> list[Finding]:
     """Findings of ``cls`` against ``protocol``, restricted to the given members."""
-    proto = protocol_by_name(protocol)
-    contract = contract_methods(proto, contract_version)
-    annotations = contract_attributes(proto)
+    # The contract by name: read from its source, as the target is (no import, no torch).
+    contract = contract_methods(protocol, contract_version)
+    annotations = contract_attributes(protocol)
     class_at = Location(cls.path, cls.line)
     unknown = index.unknown_bases(cls)
     unchecked: list[str] = []
@@ -148,6 +147,7 @@ def check_class(
                     target=target,
                     class_name=cls.name,
                     where=class_at,
+                    from_source=True,
                 )
             )
     if unchecked:
@@ -183,7 +183,7 @@ def run(
         if isinstance(cls, str):
             results.append(_load_error(target, cls))
             continue
-        for protocol, methods, attributes in split_by_protocol(target.protocols):
+        for protocol, methods, attributes in split_by_protocol(target.protocols, from_source=True):
             findings = check_class(
                 index,
                 cls,
