@@ -204,3 +204,26 @@ def test_cli_json_is_the_same_with_and_without_the_prefilter(tmp_path, monkeypat
         return doc
 
     assert strip(fast) == strip(full)
+
+
+def test_a_base_file_naming_no_method_is_read_under_the_name_it_was_given_as(tmp_path):
+    """Engine layout: namespace folders, an absolute import of a file given, whose module
+    names no followed method and reaches its own base relatively. Read under the name the
+    import spells (``sglang.srt.mem_cache.middle``), its ``..common`` would not resolve; read
+    under the name it was given as (``mem_cache.middle``), it does, as in the full read."""
+    srt = tmp_path / "srt"
+    _write(srt / "common.py", "class Base:\n    def get_cpu_copy(self, indices, extra=None): ...\n")
+    _write(
+        srt / "mem_cache" / "middle.py",
+        "from ..common import Base\n\nclass Middle(Base):\n    pass\n",
+    )
+    _write(
+        srt / "mem_cache" / "leaf.py",
+        "from sglang.srt.mem_cache.middle import Middle\n\n"
+        "class Leaf(Middle):\n    def get_cpu_copy(self, indices): ...\n",
+    )
+    fast, full = _both([str(srt / "mem_cache")])
+    assert fast == full
+    (finding,) = [f for r in fast for f in r.findings]
+    assert finding.rule == "missing-parameter"
+    assert "overrides common.Base" in finding.message
