@@ -64,6 +64,14 @@ def register(sub: Any) -> None:
     parser.set_defaults(run=run)
 
 
+def discover(**options: Any) -> Registry:
+    """``kvcache_core.discover``, imported on first call (discovery imports torch, and so must
+    not `kvcache --help`); also the seam tests replace to run the demo on their own pools."""
+    from ..discovery import discover as discover_pools
+
+    return discover_pools(**options)
+
+
 def _settings(args: argparse.Namespace) -> DemoSettings:
     from ..engine import DemoSettings, smallest_budget
 
@@ -122,7 +130,6 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"kvcache demo: error: {exc}", file=sys.stderr)
         return 2
-    from ..discovery import discover
     from ..engine import run_demo
 
     registry = discover()
