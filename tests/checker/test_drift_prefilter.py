@@ -38,6 +38,11 @@ CORPUS_RUNS = [
     pytest.param([CORPUS], {}, id="whole-corpus"),
     pytest.param([CORPUS / "drift_tree"], {}, id="drift-tree"),
     pytest.param([CORPUS / "drift_tree"], {"root": "TreeGoodPool"}, id="drift-tree-root"),
+    pytest.param(
+        [CORPUS / "drift_tree"],
+        {"root": "drift_corpus.drift_tree.base.TreeBasePool"},
+        id="drift-tree-qualified-root",
+    ),
     pytest.param([CORPUS], {"methods": ["load_cpu_copy"]}, id="one-method"),
     pytest.param(
         [ENGINE / "srt" / "mem_cache", ENGINE / "srt" / "hardware_backend"], {}, id="engine-folders"
