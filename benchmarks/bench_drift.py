@@ -18,9 +18,11 @@ target and whether this run meets it:
 4. sglang as shipped, when unpacked at /tmp/sgl-full/sglang (or ``--sglang PATH``): the whole
    package (budget 3.0 s) and its srt/mem_cache + srt/hardware_backend folders (1.0 s).
 
-Timings are the best of ``--repeat`` runs (as ``timeit`` does: on a shared machine the median
-measures the other processes), interleaved where two things are compared. The tests assert
-correctness only; timings live here.
+``--quick`` (a 500-file tree, one run of each, no sglang) only proves the script runs: the
+smoke test uses it, and start-up dominates so small a tree. Timings are the best of
+``--repeat`` runs (as ``timeit`` does: on a shared machine the median measures the other
+processes), interleaved where two things are compared. The tests assert correctness only;
+timings live here.
 """
 
 from __future__ import annotations
@@ -125,13 +127,15 @@ def _peak(root: Path, *, prefilter: bool = True) -> int:
         tracemalloc.stop()
 
 
-def tree(repeat: int) -> None:
+def tree(repeat: int, scale: int) -> None:
+    """``scale`` files in the big tree (5,000; ``--quick``: fewer, for the smoke test)."""
     with tempfile.TemporaryDirectory() as tmp:
-        big = generate_tree(Path(tmp) / "big", files=5000)
-        small = generate_tree(Path(tmp) / "small", files=1000)
-        tiny = generate_tree(Path(tmp) / "tiny", files=500)
+        big = generate_tree(Path(tmp) / "big", files=scale)
+        small = generate_tree(Path(tmp) / "small", files=scale // 5)
+        tiny = generate_tree(Path(tmp) / "tiny", files=scale // 10)
+        n, k = f"{big.files:,}", f"{small.files:,}"
         files = python_files(str(big.root))
-        assert len(files) == big.files == 5000
+        assert len(files) == big.files == scale
         size = sum(os.path.getsize(f) for f in files)
         print(f"== drift on a generated tree: {big.files} files, {size / 1e6:.1f} MB (in process)")
         results = analyze([str(big.root)])
@@ -147,7 +151,7 @@ def tree(repeat: int) -> None:
         drift, parse = min(times["drift"]), min(times["parse"])
         per_k = drift / big.files * 1000
         report(
-            "5,000 files vs parsing them",
+            f"{n} files vs parsing them",
             f"{drift * 1e3:.0f} ms",
             f"ast.parse of all {parse * 1e3:.0f} ms",
             drift / parse,
@@ -159,7 +163,7 @@ def tree(repeat: int) -> None:
         unfiltered = time.perf_counter() - started
         assert {(f.rule, f.target) for r in full for f in r.findings} == got
         report(
-            "5,000 files vs unfiltered",
+            f"{n} files vs unfiltered",
             f"{drift * 1e3:.0f} ms",
             f"every file parsed {unfiltered * 1e3:.0f} ms",
             drift / unfiltered,
@@ -168,7 +172,7 @@ def tree(repeat: int) -> None:
         )
         wall = best(cli("drift", str(big.root), "--format", "json"), max(2, repeat // 2))
         report(
-            "kvcache drift, 5,000 files",
+            f"kvcache drift, {n} files",
             f"{wall * 1e3:.0f} ms",
             f"ast.parse of all {parse * 1e3:.0f} ms",
             wall / parse,
@@ -190,8 +194,8 @@ def tree(repeat: int) -> None:
             f"unfiltered {theirs / 1e3:.1f} KB",
             ours / theirs,
             0.10,
-            note=f"tracemalloc peaks {peak_small / 1e6:.1f} MB at 1,000 files, "
-            f"{peak_big / 1e6:.1f} MB at 5,000; source {size / big.files / 1e3:.1f} KB a file",
+            note=f"tracemalloc peaks {peak_small / 1e6:.1f} MB at {k} files, "
+            f"{peak_big / 1e6:.1f} MB at {n}; source {size / big.files / 1e3:.1f} KB a file",
         )
 
 
@@ -261,12 +265,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--sglang", metavar="PATH", help=f"sglang package (default: {SGLANG})")
+    parser.add_argument(
+        "--quick", action="store_true", help="a 500-file tree, one run each, no sglang (smoke)"
+    )
     args = parser.parse_args()
+    repeat = 1 if args.quick else args.repeat
     print(f"load average {os.getloadavg()[0]:.2f}")
-    one_module(args.repeat)
-    tree(args.repeat)
-    start_up(args.repeat)
-    sglang(args.sglang, args.repeat)
+    one_module(repeat)
+    tree(repeat, 500 if args.quick else 5000)
+    start_up(repeat)
+    if args.quick and not args.sglang:
+        print("== sglang: skipped (--quick)")
+    else:
+        sglang(args.sglang, repeat)
     print(f"load average {os.getloadavg()[0]:.2f}")
     return 0 if all(verdicts) else 1
 
