@@ -352,9 +352,9 @@ class SourceIndex:
         #: many files costs little until a file is read.
         self._given: dict[str, list[str]] = {}
         self._by_path: dict[str, ModuleSource] = {}
-        #: Given files not read yet (``register_file``): their module name, and, by name, the
-        #: files of that name in the order given (the last that parses wins, as with
-        #: ``load_file``). A file leaves these once read.
+        #: Given files registered unread (``register_file``): their module name, and, by name,
+        #: the files of that name in the order given (the last that parses wins, as with
+        #: ``load_file``); a name leaves the second once looked up.
         self._deferred_name: dict[str, str] = {}
         self._deferred: dict[str, list[str]] = {}
         self._packages: dict[tuple[str, str | None], tuple[list[str], str]] = {}
@@ -372,7 +372,7 @@ class SourceIndex:
         the folder it was found under, see ``module_name_for``)."""
         name, root = module_name_for(path, anchor)
         self.add_root(root)
-        path = self._give(path)
+        path = self._give(os.path.abspath(path))
         known = self._by_path.get(path) or self.modules.get(name)
         if known is not None and known.path == path:
             self.modules.setdefault(name, known)
@@ -392,18 +392,20 @@ class SourceIndex:
         """
         name, root = module_name_for(path, anchor, self._packages)
         self.add_root(root)
-        path = self._give(path)
-        if path not in self._by_path and path not in self._deferred_name:
+        absolute = os.path.abspath(path)
+        path = path if absolute == path else absolute  # one string per path, not two
+        if path in self._deferred_name:  # registered already
+            return name
+        self._give(path, seen=path in self._by_path)
+        if path not in self._by_path:
             self._deferred_name[path] = name
             self._deferred.setdefault(name, []).append(path)
         return name
 
-    def _give(self, path: str) -> str:
-        """Record ``path`` as given; returns it absolute (the caller's string when it was)."""
-        absolute = os.path.abspath(path)
-        path = path if absolute == path else absolute
+    def _give(self, path: str, *, seen: bool = True) -> str:
+        """Record ``path`` (absolute) as given; ``seen``: it may be recorded already."""
         same = self._given.setdefault(_reversed_parts(path)[0], [])
-        if path not in same:
+        if not seen or path not in same:
             same.append(path)
         return path
 
