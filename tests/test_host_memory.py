@@ -350,3 +350,15 @@ def test_a_partial_page_offload_takes_the_row_path_and_is_right() -> None:
     others = torch.ones(untouched.shape[0], dtype=torch.bool)
     others[targets] = False
     assert torch.equal(pool.get_key_buffer(0)[others], untouched[others])
+
+
+def test_an_unaligned_run_of_page_length_is_offloaded_row_by_row() -> None:
+    pool = _pool(page_size=4, size=256)
+    slots = torch.arange(5, 13)  # two pages' worth of slots, straddling three pages
+    snap = pool.get_cpu_copy(slots)
+    for layer in range(2):
+        assert torch.equal(snap.parts["k"][layer], pool.get_key_buffer(layer)[slots])
+    targets = torch.arange(21, 29)
+    pool.load_cpu_copy(snap, targets)
+    for layer in range(2):
+        assert torch.equal(pool.get_value_buffer(layer)[targets], snap.parts["v"][layer])
