@@ -27,18 +27,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small shapes (seconds, < 1 GB)")
     parser.add_argument("--offload", type=int, default=None, help="slots to offload")
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument(
+        "--repeat", type=int, default=None, help="rounds per figure (default 9; 3 with --quick)"
+    )
+    parser.add_argument(
+        "--pages", default="64,16", help="page sizes of the whole-page offload figures"
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--only", default="", help="comma list: pools, 'allocator', 'discovery'")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     only = {x for x in args.only.split(",") if x} or None
     offload = args.offload or (1024 if args.quick else 4096)
-    bench_offload(args.quick, offload, args.repeat, only)
+    repeat = args.repeat or (3 if args.quick else 9)
+    pages = tuple(int(x) for x in args.pages.split(",") if x)
+    bench_offload(args.quick, offload, repeat, only, pages)
     if not only or "allocator" in only:
-        bench_allocator(args.quick, args.repeat)
+        bench_allocator(args.quick, repeat)
     if not only or "discovery" in only:
-        bench_discovery(args.repeat)
+        bench_discovery(repeat)
 
 
 if __name__ == "__main__":
