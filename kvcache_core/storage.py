@@ -109,49 +109,48 @@ def _wide(rows: torch.Tensor) -> torch.Tensor:
     return rows if rows.element_size() == 1 else rows.view(torch.uint8)
 
 
-def _page_runs(pages: torch.Tensor) -> list[tuple[int, int, int]]:
-    """``(first page, start, stop)`` for each run of consecutive page ids: positions
-    ``start:stop`` of ``pages`` are pages ``first .. first + stop - start - 1``."""
-    ids = pages.tolist()
-    runs: list[tuple[int, int, int]] = []
-    start = 0
-    for j in range(1, len(ids) + 1):
-        if j == len(ids) or ids[j] != ids[j - 1] + 1:
-            runs.append((ids[start], start, j))
-            start = j
-    return runs
+def _flat_index(index: torch.Tensor, layers: int, per_layer: int) -> torch.Tensor:
+    """``index`` repeated for every layer of a ``[layers * per_layer, ...]`` view: entry
+    ``l * len(index) + j`` is ``l * per_layer + index[j]``."""
+    base = torch.arange(layers, dtype=index.dtype, device=index.device).mul_(per_layer)
+    return base.unsqueeze(1).add(index.reshape(1, -1)).reshape(-1)
 
 
-#: Bytes per layer of one page from which a page-by-page copy (one strided ``copy_`` over every
-#: layer per run of pages) beats one ``index_select`` per layer (gather) or ``index_copy_``
-#: (scatter); measured on bf16 MHA pages of 16 and 64 slots (32 and 128 KiB).
-_LOOP_GATHER_BYTES = 64 << 10
-_LOOP_SCATTER_BYTES = 16 << 10
+def _units(
+    data: torch.Tensor, slots: torch.Tensor, page_size: int
+) -> tuple[torch.Tensor, int, int]:
+    """What to copy: ``(index, units per layer, elements per unit)``: pages of the pool when
+    ``slots`` are whole pages, else rows."""
+    rows, width = int(data.shape[1]), math.prod(data.shape[2:])
+    pages = whole_pages(slots, page_size, rows)
+    if pages is not None:
+        return pages, rows // page_size, width * page_size
+    return slots, rows, width
 
 
 def gather_rows(data: torch.Tensor, slots: torch.Tensor, page_size: int = 1) -> torch.Tensor:
     """Rows ``slots`` of every layer of ``data`` (``[layers, rows, *row_shape]``), as a host
-    tensor ``[layers, n, *row_shape]`` (whole pages are copied page by page)."""
-    layers, rows = int(data.shape[0]), int(data.shape[1])
+    tensor ``[layers, n, *row_shape]``.
+
+    On CPU one ``index_select`` over every layer at once (a flat view, so one parallel region:
+    per-layer calls lose far more when other processes share the cores), copying whole pages
+    when ``slots`` are whole pages of ``page_size``. Elsewhere one gather per layer, so device
+    memory never holds more than one layer's copy.
+    """
+    layers = int(data.shape[0])
     n = slots.numel()
     out = host_empty((layers, n, *data.shape[2:]), data.dtype, data.device)
-    pages = whole_pages(slots, page_size, rows)
-    if pages is not None:
-        source = data.view(layers, rows // page_size, -1)
-        target = out.view(layers, n // page_size, -1)
-        if source.shape[2] * source.element_size() >= _LOOP_GATHER_BYTES:
-            for first, start, stop in _page_runs(pages):
-                target[:, start:stop].copy_(source[:, first : first + stop - start])
-            return out
-        index = pages
-    else:
-        source, target, index = data, out, slots
+    if n == 0 or layers == 0:
+        return out
+    index, per_layer, unit = _units(data, slots, page_size)
+    source = data.view(layers * per_layer, unit)
+    target = out.view(layers * index.numel(), unit)
     if data.device.type == "cpu":
-        for i in range(layers):
-            torch.index_select(source[i], 0, index, out=target[i])
+        torch.index_select(source, 0, _flat_index(index, layers, per_layer), out=target)
     else:
         for i in range(layers):
-            target[i].copy_(torch.index_select(source[i], 0, index))
+            part = torch.index_select(source[i * per_layer : (i + 1) * per_layer], 0, index)
+            target[i * index.numel() : (i + 1) * index.numel()].copy_(part)
     return out
 
 
@@ -159,35 +158,30 @@ def scatter_rows(
     data: torch.Tensor, slots: torch.Tensor, values: torch.Tensor, page_size: int = 1
 ) -> None:
     """Write ``values`` (``[layers, n, *row_shape]``, host or device) at ``slots`` of every
-    layer of ``data``; whole pages are written page by page (a plain copy per run)."""
-    layers, rows = int(data.shape[0]), int(data.shape[1])
+    layer of ``data``.
+
+    On CPU one ``index_copy_`` over every layer at once, of rows (or whole pages) viewed as the
+    widest integer type that tiles them (bit for bit). Elsewhere one per layer, each layer's
+    values moved to the device first.
+    """
+    layers = int(data.shape[0])
     n = slots.numel()
     if values.dtype != data.dtype or tuple(values.shape) != (layers, n, *data.shape[2:]):
         for i in range(layers):  # let index_copy_ report the mismatch as it always has
             data[i].index_copy_(0, slots, values[i].to(data.device, non_blocking=True))
         return
-    if n == 0:
+    if n == 0 or layers == 0:
         return
-    width = math.prod(data.shape[2:])
-    pages = whole_pages(slots, page_size, rows)
-    if pages is not None:
-        count = n // page_size
-        target = data.view(layers, rows // page_size, -1)
-        source = values.reshape(layers, count, page_size * width)
-        if target.shape[2] * target.element_size() >= _LOOP_SCATTER_BYTES:
-            for first, start, stop in _page_runs(pages):
-                target[:, first : first + stop - start].copy_(
-                    source[:, start:stop], non_blocking=True
-                )
-            return
-        for i in range(layers):
-            page_rows = source[i].to(data.device, non_blocking=True).contiguous()
-            _wide(target[i]).index_copy_(0, pages, _wide(page_rows))
+    index, per_layer, unit = _units(data, slots, page_size)
+    target = _wide(data.view(layers * per_layer, unit))
+    count = index.numel()
+    if data.device.type == "cpu" and values.device.type == "cpu":
+        source = values.reshape(layers * count, unit).contiguous().view(target.dtype)
+        target.index_copy_(0, _flat_index(index, layers, per_layer), source)
         return
     for i in range(layers):
-        layer = data[i].reshape(rows, width)
-        source = values[i].to(data.device, non_blocking=True).reshape(n, width).contiguous()
-        _wide(layer).index_copy_(0, slots, _wide(source))
+        part = values[i].to(data.device, non_blocking=True).reshape(count, unit).contiguous()
+        target[i * per_layer : (i + 1) * per_layer].index_copy_(0, index, part.view(target.dtype))
 
 
 class LayerRows:

@@ -274,8 +274,8 @@ def _row_path(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize(
     ("row_shape", "dtype", "page"),
     [
-        ((4, 64), torch.float32, 64),  # 64 KiB pages per layer: page-by-page copies
-        ((4, 64), torch.bfloat16, 16),  # 8 KiB pages: one index_select / index_copy_ per layer
+        ((4, 64), torch.float32, 64),  # 64 KiB pages, viewed as int64 for the scatter
+        ((4, 64), torch.bfloat16, 16),  # 8 KiB pages
         ((3,), torch.uint8, 4),  # 3-byte rows: no wider view
         ((), torch.float32, 8),  # scalar rows (a per-token scale)
     ],
