@@ -323,9 +323,12 @@ def bench_paged(
 ) -> None:
     case = build(name, config, n, gen)
     snapshot = case.get()
-    raw = RawCopy(snapshot, case, gen)  # only for the bytes a reload writes
-    size, written, through = snapshot.nbytes, raw.written_bytes, bool(raw.extra_writes)
-    del raw
+    size = snapshot.nbytes
+    written = sum(
+        p.numel() * p.element_size() * case.written_copies.get(name, 1)
+        for _, name, p in walk_parts(snapshot)
+    )
+    through = bool(case.written_copies)
     get_copy, load_copy = Memcpy(size), Memcpy(written)
     times = median_of(
         interleaved(
