@@ -362,3 +362,20 @@ def test_an_unaligned_run_of_page_length_is_offloaded_row_by_row() -> None:
     pool.load_cpu_copy(snap, targets)
     for layer in range(2):
         assert torch.equal(pool.get_value_buffer(layer)[targets], snap.parts["v"][layer])
+
+
+@pytest.mark.parametrize("page", [1, 16])
+def test_scatters_keep_every_bit_of_random_patterns(page: int) -> None:
+    """Rows are scattered as wide elements (16 bytes): NaN payloads, signalling NaNs and
+    denormals must arrive unchanged."""
+    gen = torch.Generator().manual_seed(7)
+    data = torch.zeros((2, 64 * 16, 8), dtype=torch.bfloat16)
+    bits = torch.randint(-(2**15), 2**15, (2, 256, 8), generator=gen, dtype=torch.int16)
+    bits[:, :8] = torch.tensor([0x7F81, 0xFF81, 0x7FC1, 0x0001, -1, 0x7F80, 0, 0x8000])
+    values = bits.view(torch.bfloat16)
+    slots = (torch.randperm(64, generator=gen)[:16][:, None] * 16 + torch.arange(16)).view(-1)
+    if page == 1:
+        slots = torch.randperm(64 * 16, generator=gen)[:256]
+    scatter_rows(data, slots, values, page)
+    assert torch.equal(data.view(torch.int16)[:, slots], bits)
+    assert torch.equal(gather_rows(data, slots, page).view(torch.int16), bits)
