@@ -134,6 +134,11 @@ def _units(
     return slots, rows, width
 
 
+#: Whole pages are gathered in pieces of at most this many bytes: pages of 72-128 KiB per layer
+#: copied whole ran at 0.75-0.85x memcpy here, in pieces of 16-32 KiB at 0.95-1.0x.
+_GATHER_PIECE = 32 << 10
+
+
 def gather_rows(data: torch.Tensor, slots: torch.Tensor, page_size: int = 1) -> torch.Tensor:
     """Rows ``slots`` of every layer of ``data`` (``[layers, rows, *row_shape]``), as a host
     tensor ``[layers, n, *row_shape]``.
@@ -152,7 +157,20 @@ def gather_rows(data: torch.Tensor, slots: torch.Tensor, page_size: int = 1) -> 
     source = data.view(layers * per_layer, unit)
     target = out.view(layers * index.numel(), unit)
     if data.device.type == "cpu":
-        torch.index_select(source, 0, _flat_index(index, layers, per_layer), out=target)
+        flat = _flat_index(index, layers, per_layer)
+        split = 1  # whole pages: copy them in pieces of at most _GATHER_PIECE bytes
+        while (
+            unit * data.element_size() > split * _GATHER_PIECE
+            and unit != math.prod(data.shape[2:])
+            and page_size % (2 * split) == 0
+        ):
+            split *= 2
+        if split > 1:
+            step = torch.arange(split, dtype=flat.dtype)
+            flat = flat.unsqueeze(1).mul(split).add(step).reshape(-1)
+            source = source.view(-1, unit // split)
+            target = target.view(-1, unit // split)
+        torch.index_select(source, 0, flat, out=target)
     else:
         for i in range(layers):
             part = torch.index_select(source[i * per_layer : (i + 1) * per_layer], 0, index)
