@@ -8,7 +8,8 @@ memory allocated beforehand at 9.4). Two levers, both CPU-only:
   ``MADV_HUGEPAGE``, so the kernel faults them in 2 MiB at a time and random-row copies miss
   the TLB less. Anonymous mappings are zero-filled, so a pool's buffers cost nothing up front
   (``torch.zeros`` writes every byte).
-* **A block cache for snapshots.** A snapshot part is carved from a huge-page block; when the
+* **A block cache for snapshots.** A snapshot part is carved from an anonymous mapping (4 KiB
+  pages: fresh huge pages were measured to stall a first offload, see ``_Cache.new``); when the
   last tensor viewing the block is gone (the part itself or any view or slice of it), the block
   goes back to a cache and the next snapshot of that size reuses it, already faulted in.
 
@@ -89,8 +90,9 @@ class _Block:
     size: int
 
 
-def _map(nbytes: int) -> _Block | None:
-    """A new huge-page-advised mapping of at least ``nbytes`` (None when unavailable)."""
+def _map(nbytes: int, huge: bool = True) -> _Block | None:
+    """A new mapping of at least ``nbytes``, advised ``MADV_HUGEPAGE`` when ``huge`` (None
+    when this system has no ``madvise``)."""
     advice = _advice()
     if advice is None:
         return None
@@ -105,8 +107,9 @@ def _map(nbytes: int) -> _Block | None:
     address = ctypes.addressof(probe)
     del probe  # releases the buffer export, so the mapping can be closed later
     offset = (-address) % HUGE_PAGE
-    with contextlib.suppress(OSError):  # without the advice: correct, only slower to fault in
-        mm.madvise(advice, offset, size)
+    if huge:
+        with contextlib.suppress(OSError):  # without the advice: correct, slower to fault in
+            mm.madvise(advice, offset, size)
     return _Block(mm, offset, size)
 
 
@@ -154,7 +157,10 @@ class _Cache:
             return best
 
     def new(self, nbytes: int) -> _Block | None:
-        block = _map(nbytes)
+        # Snapshot blocks are not advised MADV_HUGEPAGE: assembling fresh huge pages stalled
+        # a first offload 4-8x here (256 MiB: 310 ms instead of 40-70), while 4 KiB pages
+        # fault in at the old speed; once cached, a block is faulted in either way.
+        block = _map(nbytes, huge=False)
         if block is not None:
             with self.lock:
                 self.maps += 1
@@ -190,7 +196,7 @@ if hasattr(os, "register_at_fork"):
 
 
 def host_empty_cpu(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-    """An uninitialised CPU tensor, from the block cache when it is at least one huge page.
+    """An uninitialised CPU tensor, from the block cache when it is at least 2 MiB.
 
     The block returns to the cache when the last tensor viewing it (views included) is gone.
     Smaller tensors, and systems without huge-page advice, get ``torch.empty``.

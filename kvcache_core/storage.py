@@ -53,7 +53,7 @@ def host_empty(shape: Sequence[int], dtype: torch.dtype, for_device: torch.devic
     Pinned when ``for_device`` is CUDA, because only pinned memory makes those copies
     asynchronous (torch's caching host allocator reuses pinned blocks across snapshots);
     never pinned for CPU pools, where pinning costs time and needs a GPU build. For CPU pools a
-    tensor of at least 2 MiB comes from kvcache's huge-page block cache, and its block is
+    tensor of at least 2 MiB comes from kvcache's host block cache, and its block is
     reused once every tensor viewing it is gone (``kvcache_core.hostmem``). Uninitialised
     because the caller overwrites every element (zeroing would double the cost of an offload).
     """
