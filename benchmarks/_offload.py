@@ -1,38 +1,40 @@
-"""Section 1 of ``make bench``: offload and reload of every accepted pool."""
+"""Section 1 of ``make bench``: offload and reload of every accepted pool (issue 9).
+
+Four figures per pool, each a ratio to a baseline measured in the same run, interleaved, as
+the median of ``repeat`` rounds:
+
+* ``get_cpu_copy``: the pool's offload of random slots against the same gather (per-layer
+  ``index_select``) into outputs allocated beforehand, from buffers allocated with
+  ``torch.zeros`` (target >= 0.9x: the snapshot's memory must cost next to nothing).
+* ``load_cpu_copy``: the pool's reload against a plain per-layer ``index_copy_`` of the same
+  bytes into ``torch.zeros`` buffers, as the pools allocated them before (target >= 1.25x).
+  HiSparse's reload writes the latent twice (write-through: its device copy and the logical
+  store), so its baseline writes those bytes too.
+* ``... pN``: a pool with ``page_size`` N offloading and reloading whole pages, against one
+  contiguous ``copy_`` (memcpy) of the same bytes (target >= 0.8x).
+* ``first get_cpu_copy``: an offload with no cached snapshot block (fresh huge-page memory),
+  against the old way: a fresh ``torch.empty`` and the per-layer gather (target >= 1.0x: the
+  block cache must not make the first call slower).
+
+Every pool's buffers are written once before timing, as serving would have (an untouched
+anonymous mapping reads as one shared zero page, which would flatter the pool).
+"""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from _report import figure, interleaved, median_of
 
-from kvcache_core import KVSnapshot, PoolConfig, discover, host_empty
+from kvcache_core import KVSnapshot, LayerRows, PoolConfig, QuantizedLayerRows, discover
+from kvcache_core.hostmem import release_host_cache
 
 # ----------------------------------------------------------------------------------- helpers
-
-
-def best_of(fn: Callable[[], object], repeat: int) -> float:
-    """Fastest wall time of ``repeat`` runs (the least disturbed by other load)."""
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
-def interleaved(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
-    """Best time of each function, running them in turn so drifting load hits all alike."""
-    best = dict.fromkeys(fns, float("inf"))
-    for _ in range(repeat):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            best[name] = min(best[name], time.perf_counter() - start)
-    return best
 
 
 def walk_parts(snapshot: KVSnapshot, kind: str = "") -> Iterator[tuple[str, str, torch.Tensor]]:
@@ -42,6 +44,38 @@ def walk_parts(snapshot: KVSnapshot, kind: str = "") -> Iterator[tuple[str, str,
     for child in snapshot.children.values():
         if child is not None:
             yield from walk_parts(child, child.pool_kind)
+
+
+def touch_buffers(obj: object, seen: set[int] | None = None, depth: int = 4) -> int:
+    """Write (zero) the row buffers of a pool, recursing into its sub-pools, as a serving
+    engine would have written them; returns the bytes written. Only ``LayerRows`` and
+    ``QuantizedLayerRows`` buffers: tables and free lists are left alone."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen or depth < 0:
+        return 0
+    seen.add(id(obj))
+    if isinstance(obj, (LayerRows, QuantizedLayerRows)):
+        tensors = [obj.data] + ([obj.scales] if isinstance(obj, QuantizedLayerRows) else [])
+        for t in tensors:
+            t.zero_()
+        return sum(t.numel() * t.element_size() for t in tensors)
+    if isinstance(obj, (list, tuple)):
+        return sum(touch_buffers(x, seen, depth - 1) for x in obj)
+    module = type(obj).__module__ or ""
+    if not module.startswith(("kvcache_core", "kvcache_plugins")) or not hasattr(obj, "__dict__"):
+        return 0
+    return sum(touch_buffers(x, seen, depth - 1) for x in vars(obj).values())
+
+
+def load_average() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:  # pragma: no cover - not on Linux
+        return "n/a"
+
+
+def rate(nbytes: int, seconds: float) -> str:
+    return f"{nbytes / seconds / 1e9:6.2f} GB/s"
 
 
 # ------------------------------------------------------------------------------- 1. offload
@@ -61,16 +95,33 @@ class Case:
     #: parts that reload must write in more than one place (a write-through copy), and how many
     written_copies: dict[str, int] = field(default_factory=dict)
 
+    def get(self) -> KVSnapshot:
+        return self.pool.get_cpu_copy(self.indices, mamba_indices=self.mamba_indices)  # type: ignore[no-any-return]
+
+    def load(self, snapshot: KVSnapshot) -> None:
+        self.pool.load_cpu_copy(snapshot, self.new_indices, mamba_indices=self.new_mamba_indices)
+
 
 def random_subset(slots: torch.Tensor, n: int, gen: torch.Generator) -> torch.Tensor:
     return slots[torch.randperm(slots.numel(), generator=gen)[:n]]
 
 
 def token_case(pool: Any, allocator: Any, n: int, gen: torch.Generator) -> Case:
-    """Offload ``n`` random allocated slots; reload into ``n`` other allocated slots."""
-    slots = allocator.alloc(allocator.available_size() // allocator.page_size * allocator.page_size)
-    chosen = random_subset(slots, 2 * n, gen)
-    return Case(pool, chosen[:n], chosen[n:])
+    """Offload ``n`` allocated slots; reload into ``n`` other allocated slots.
+
+    Page size 1: random slots. Page size P > 1: ``n / P`` random whole pages (the slots of
+    each page in order), as an engine offloads a paged request.
+    """
+    page = allocator.page_size
+    slots = allocator.alloc(allocator.available_size() // page * page)
+    if page == 1:
+        chosen = random_subset(slots, 2 * n, gen)
+        return Case(pool, chosen[:n], chosen[n:])
+    pages = torch.unique(slots // page)  # a paged allocator hands out whole pages
+    chosen = random_subset(pages, 2 * (n // page), gen)
+    rows = (chosen.unsqueeze(1) * page + torch.arange(page)).reshape(-1)
+    half = rows.numel() // 2
+    return Case(pool, rows[:half], rows[half:])
 
 
 def mamba_case(pool: Any, allocator: Any, n: int, gen: torch.Generator) -> Case:
@@ -91,26 +142,26 @@ def hisparse_case(pool: Any, allocator: Any, n: int, gen: torch.Generator) -> Ca
     return case
 
 
-def swa_case(pool: Any, allocator: Any, n: int, gen: torch.Generator) -> Case:
-    """Every token keeps its window slot (the window is as large as the full pool here)."""
-    return token_case(pool, allocator, n, gen)
-
-
 SETUPS: dict[str, Callable[[Any, Any, int, torch.Generator], Case]] = {
     "mha": token_case,
     "mla": token_case,
     "dsa": token_case,
     "hisparse": hisparse_case,
-    "swa": swa_case,
+    "swa": token_case,  # every token keeps its window slot (the window is the full pool here)
     "mamba": mamba_case,
 }
 
 
-def configs(quick: bool) -> dict[str, PoolConfig]:
+def configs(quick: bool, page_size: int = 1) -> dict[str, PoolConfig]:
     """DESIGN.md section 7 shapes (or small ones), one config per built-in pool kind."""
     slots = 8192 if quick else 65536
     layers, heads, dim = (4, 8, 128) if quick else (16, 8, 128)
-    common: dict[str, Any] = {"size": slots, "layer_num": layers, "dtype": torch.bfloat16}
+    common: dict[str, Any] = {
+        "size": slots,
+        "layer_num": layers,
+        "dtype": torch.bfloat16,
+        "page_size": page_size,
+    }
     latent: dict[str, Any] = {"kv_lora_rank": 512, "qk_rope_head_dim": 64}
     half = tuple(range(0, layers, 2))
     return {
@@ -132,7 +183,8 @@ def configs(quick: bool) -> dict[str, PoolConfig]:
 
 
 class RawCopy:
-    """The baseline: per-layer index_select into a fresh host tensor, index_copy_ back."""
+    """The baselines: the same per-layer copies on buffers allocated as before (``torch.zeros``
+    sources, ``torch.empty`` snapshots), part for part."""
 
     def __init__(self, snapshot: KVSnapshot, case: Case, gen: torch.Generator) -> None:
         self.items: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
@@ -147,80 +199,188 @@ class RawCopy:
                 source = torch.zeros((layers, max(rows, n), *part.shape[2:]), dtype=part.dtype)
                 idx = torch.randperm(source.shape[1], generator=gen)[:n]
                 (self.items if copy == 0 else self.extra_writes).append((source, idx, part))
+        self._outs = [torch.empty(p.shape, dtype=p.dtype) for _, _, p in self.items]
+
+    @property
+    def written_bytes(self) -> int:
+        """Bytes a reload writes: every part, write-through copies included."""
+        return sum(p.numel() * p.element_size() for _, _, p in self.items + self.extra_writes)
 
     def gather_into_preallocated(self) -> None:
-        """The same gather into outputs allocated once: the copy alone, without first-touch
-        page faults of fresh host memory (a reference for how much allocation costs)."""
-        if not hasattr(self, "_outs"):
-            self._outs = [host_empty(p.shape, p.dtype, s.device) for s, _, p in self.items]
+        """The gather into outputs allocated once: the copy alone, without first-touch page
+        faults of fresh host memory."""
         for (source, idx, _), out in zip(self.items, self._outs, strict=True):
             for layer in range(source.shape[0]):
                 torch.index_select(source[layer], 0, idx, out=out[layer])
 
-    def gather(self) -> list[torch.Tensor]:
+    def gather_fresh(self) -> list[torch.Tensor]:
+        """The old offload: a fresh ``torch.empty`` per part, then the per-layer gather."""
         outs = []
         for source, idx, part in self.items:
-            out = host_empty(part.shape, part.dtype, source.device)
+            out = torch.empty(part.shape, dtype=part.dtype)
             for layer in range(source.shape[0]):
                 torch.index_select(source[layer], 0, idx, out=out[layer])
             outs.append(out)
         return outs
 
-    def scatter(self) -> None:
-        for source, idx, part in self.items:
-            for layer in range(source.shape[0]):
-                source[layer].index_copy_(0, idx, part[layer])
-
     def scatter_written(self) -> None:
-        """Scatter every byte the pool's reload must write (write-through copies included)."""
-        self.scatter()
-        for source, idx, part in self.extra_writes:
+        """Per-layer ``index_copy_`` of every byte the pool's reload must write."""
+        for source, idx, part in self.items + self.extra_writes:
             for layer in range(source.shape[0]):
                 source[layer].index_copy_(0, idx, part[layer])
 
 
-def bench_offload(quick: bool, offload: int, repeat: int, only: set[str] | None) -> None:
-    print(
-        f"== offload/reload: {offload} slots, best of {repeat}, {torch.get_num_threads()} threads"
-    )
+class Memcpy:
+    """One contiguous ``copy_`` of ``nbytes`` (the practical limit of any copy)."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.src = torch.ones(nbytes, dtype=torch.uint8)
+        self.dst = torch.zeros(nbytes, dtype=torch.uint8)
+
+    def __call__(self) -> None:
+        self.dst.copy_(self.src)
+
+
+def first_call_times(case: Case, raw: RawCopy, repeat: int) -> tuple[float, float]:
+    """Median of an offload with no cached block (fresh huge pages) and of the old way, in
+    turn; the snapshots are dropped at once so the next round starts empty again."""
+    ours: list[float] = []
+    old: list[float] = []
+    for _ in range(repeat):
+        release_host_cache()
+        start = time.perf_counter()
+        snapshot = case.get()
+        ours.append(time.perf_counter() - start)
+        del snapshot
+        start = time.perf_counter()
+        outs = raw.gather_fresh()
+        old.append(time.perf_counter() - start)
+        del outs
+    release_host_cache()
+    return median_of({"ours": ours})["ours"], median_of({"old": old})["old"]
+
+
+def build(name: str, config: PoolConfig, n: int, gen: torch.Generator) -> Case:
     registry = discover()
+    pool, allocator = registry.create(name, config)
+    touch_buffers(pool)
+    return SETUPS[name](pool, allocator, n, gen)
+
+
+def bench_random(name: str, config: PoolConfig, n: int, repeat: int, gen: torch.Generator) -> None:
+    case = build(name, config, n, gen)
+    snapshot = case.get()
+    raw = RawCopy(snapshot, case, gen)
+    size = snapshot.nbytes
+    times = median_of(
+        interleaved(
+            {
+                "get": case.get,
+                "raw_get_prealloc": raw.gather_into_preallocated,
+                "load": lambda: case.load(snapshot),
+                "raw_load": raw.scatter_written,
+            },
+            repeat,
+        )
+    )
+    mib = f"{size / 2**20:.0f} MiB"
+    figure(
+        f"{name:<9} get_cpu_copy",
+        rate(size, times["get"]),
+        f"index_select, prealloc {rate(size, times['raw_get_prealloc']).strip()}",
+        times["raw_get_prealloc"] / times["get"],
+        0.9,
+        note=mib,
+    )
+    written = raw.written_bytes
+    note = mib
+    if raw.extra_writes:
+        note += (
+            f"; write-through: reload writes the latent twice, {written / 2**20:.0f} MiB, "
+            "and so does the baseline"
+        )
+    figure(
+        f"{name:<9} load_cpu_copy",
+        rate(written, times["load"]),
+        f"index_copy_, torch.zeros {rate(written, times['raw_load']).strip()}",
+        times["raw_load"] / times["load"],
+        1.25,
+        note=note,
+    )
+    ours, old = first_call_times(case, raw, repeat)
+    figure(
+        f"{name:<9} first get_cpu_copy",
+        rate(size, ours),
+        f"torch.empty+index_select {rate(size, old).strip()}",
+        old / ours,
+        1.0,
+        note="no cached block: fresh memory on both sides",
+    )
+
+
+def bench_paged(
+    name: str, config: PoolConfig, n: int, repeat: int, gen: torch.Generator, page: int
+) -> None:
+    case = build(name, config, n, gen)
+    snapshot = case.get()
+    size = snapshot.nbytes
+    written = sum(
+        p.numel() * p.element_size() * case.written_copies.get(name, 1)
+        for _, name, p in walk_parts(snapshot)
+    )
+    through = bool(case.written_copies)
+    get_copy, load_copy = Memcpy(size), Memcpy(written)
+    times = median_of(
+        interleaved(
+            {
+                "get": case.get,
+                "memcpy_get": get_copy,
+                "load": lambda: case.load(snapshot),
+                "memcpy_load": load_copy,
+            },
+            repeat,
+        )
+    )
+    figure(
+        f"{name:<9} get_cpu_copy p{page}",
+        rate(size, times["get"]),
+        f"memcpy {rate(size, times['memcpy_get']).strip()}",
+        times["memcpy_get"] / times["get"],
+        0.8,
+        note=f"{n // page} whole pages of {page}",
+    )
+    note = f"{n // page} whole pages of {page}"
+    if through:
+        note += f"; write-through: memcpy of the {written / 2**20:.0f} MiB it writes"
+    figure(
+        f"{name:<9} load_cpu_copy p{page}",
+        rate(written, times["load"]),
+        f"memcpy {rate(written, times['memcpy_load']).strip()}",
+        times["memcpy_load"] / times["load"],
+        0.8,
+        note=note,
+    )
+
+
+def bench_offload(
+    quick: bool, offload: int, repeat: int, only: set[str] | None, pages: tuple[int, ...] = (64,)
+) -> None:
+    print(
+        f"== offload/reload: {offload} slots, median of {repeat} interleaved, "
+        f"{torch.get_num_threads()} threads, load average {load_average()}"
+    )
+    accepted = discover().accepted
     gen = torch.Generator().manual_seed(0)
-    for name, config in configs(quick).items():
-        if (only and name not in only) or name not in registry.accepted or name not in SETUPS:
-            continue
-        pool, allocator = registry.create(name, config)
-        case = SETUPS[name](pool, allocator, offload, gen)
-        snapshot = pool.get_cpu_copy(case.indices, mamba_indices=case.mamba_indices)
-        raw = RawCopy(snapshot, case, gen)
-        gb = snapshot.nbytes / 1e9
-        variants: dict[str, Callable[[], object]] = {
-            "get": lambda c=case: c.pool.get_cpu_copy(c.indices, mamba_indices=c.mamba_indices),
-            "raw_get": raw.gather,
-            "raw_get_prealloc": raw.gather_into_preallocated,
-            "load": lambda c=case, s=snapshot: c.pool.load_cpu_copy(
-                s, c.new_indices, mamba_indices=c.new_mamba_indices
-            ),
-            "raw_load": raw.scatter,
-        }
-        if raw.extra_writes:
-            variants["raw_load_written"] = raw.scatter_written
-        times = interleaved(variants, repeat)
-        for op, base in (("get", "raw_get"), ("load", "raw_load")):
-            ours, theirs = gb / times[op], gb / times[base]
-            label = "get_cpu_copy " if op == "get" else "load_cpu_copy"
-            extra = ""
-            if op == "load" and raw.extra_writes:
-                written = gb / times["raw_load_written"]
-                extra = (
-                    f"   (vs raw of all bytes it writes {written:5.2f}: "
-                    f"ratio {ours / written:4.2f}x)"
-                )
-            if op == "get":
-                extra = (
-                    f"   (raw into a preallocated snapshot {gb / times['raw_get_prealloc']:5.2f})"
-                )
-            print(
-                f"  {name:<9} {label} {ours:6.2f} GB/s   raw {theirs:6.2f} GB/s   "
-                f"ratio {ours / theirs:4.2f}x   {snapshot.nbytes / 2**20:4.0f} MiB{extra}"
-            )
-        del pool, allocator, case, snapshot, raw
+    chosen = [
+        name
+        for name in configs(quick)
+        if (not only or name in only) and name in accepted and name in SETUPS
+    ]
+    for name in chosen:
+        bench_random(name, configs(quick)[name], offload, repeat, gen)
+        release_host_cache()
+    for page in pages:
+        for name in chosen:
+            bench_paged(name, configs(quick, page)[name], offload, repeat, gen, page)
+            release_host_cache()
+    print(f"   load average after the offload section: {load_average()}")

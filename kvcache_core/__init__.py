@@ -60,6 +60,7 @@ if TYPE_CHECKING:
         UnsupportedDtypeError,
     )
     from .hookspecs import hookimpl
+    from .hostmem import host_cache_stats, release_host_cache, set_host_cache_limit
     from .quantized import QuantizedLayerRows
     from .storage import LayerRows, host_empty, storage_dtype
     from .validation import check_rows, check_slots
@@ -107,6 +108,9 @@ _LAZY: dict[str, str] = {
     "UnknownPoolError": ".errors",
     "UnsupportedDtypeError": ".errors",
     "hookimpl": ".hookspecs",
+    "host_cache_stats": ".hostmem",
+    "release_host_cache": ".hostmem",
+    "set_host_cache_limit": ".hostmem",
     "LayerRows": ".storage",
     "QuantizedLayerRows": ".quantized",
     "host_empty": ".storage",
@@ -179,7 +183,10 @@ __all__ = [
     "expect_snapshot",
     "free_calls_one_by_one",
     "hookimpl",
+    "host_cache_stats",
     "host_empty",
+    "release_host_cache",
+    "set_host_cache_limit",
     "storage_dtype",
     "unwrap_write_loc",
 ]

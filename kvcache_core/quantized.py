@@ -27,7 +27,7 @@ from collections.abc import Sequence
 import torch
 
 from .errors import ShapeMismatchError, UnsupportedDtypeError
-from .storage import host_empty, storage_dtype
+from .storage import gather_rows, host_zeros, scatter_rows, storage_dtype
 
 __all__ = ["QuantizedLayerRows"]
 
@@ -50,7 +50,8 @@ class QuantizedLayerRows:
     is the number of trailing row elements that share one scale: ``None`` means one scale per
     row (per token); otherwise it must divide the row's element count, and a row has
     ``row_numel // block`` scales. ``dtype`` is the compute dtype that :meth:`dequantize`
-    returns and that writes are cast from.
+    returns and that writes are cast from. ``page_size`` is the pool's: offloads of whole
+    pages are copied a page at a time, as in :class:`~kvcache_core.LayerRows`.
     """
 
     def __init__(
@@ -63,6 +64,7 @@ class QuantizedLayerRows:
         device: torch.device,
         quant_dtype: torch.dtype = torch.int8,
         block: int | None = None,
+        page_size: int = 1,
     ) -> None:
         self.dtype = dtype
         self.quant_dtype = quant_dtype
@@ -77,10 +79,9 @@ class QuantizedLayerRows:
         self.block = row_numel if block is None else block
         self.groups = row_numel // self.block
         self.device = device
-        self.data = torch.zeros(
-            (layers, rows, *self.row_shape), dtype=self.store_dtype, device=device
-        )
-        self.scales = torch.ones((layers, rows, self.groups), dtype=torch.float32, device=device)
+        self.page_size = int(page_size)
+        self.data = host_zeros((layers, rows, *self.row_shape), self.store_dtype, device)
+        self.scales = host_zeros((layers, rows, self.groups), torch.float32, device).fill_(1.0)
 
     @property
     def layers(self) -> int:
@@ -146,23 +147,15 @@ class QuantizedLayerRows:
 
     def gather(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Values and scales of rows ``slots`` of every layer, as host tensors."""
-        n = slots.numel()
-        values = host_empty((self.layers, n, *self.row_shape), self.store_dtype, self.device)
-        scales = host_empty((self.layers, n, self.groups), torch.float32, self.device)
-        for i in range(self.layers):
-            if self.device.type == "cpu":
-                torch.index_select(self.data[i], 0, slots, out=values[i])
-                torch.index_select(self.scales[i], 0, slots, out=scales[i])
-            else:
-                values[i].copy_(torch.index_select(self.data[i], 0, slots))
-                scales[i].copy_(torch.index_select(self.scales[i], 0, slots))
-        return values, scales
+        return (
+            gather_rows(self.data, slots, self.page_size),
+            gather_rows(self.scales, slots, self.page_size),
+        )
 
     def scatter(self, slots: torch.Tensor, values: torch.Tensor, scales: torch.Tensor) -> None:
         """Write what :meth:`gather` returned back at ``slots`` of every layer."""
-        for i in range(self.layers):
-            self.data[i].index_copy_(0, slots, values[i].to(self.device, non_blocking=True))
-            self.scales[i].index_copy_(0, slots, scales[i].to(self.device, non_blocking=True))
+        scatter_rows(self.data, slots, values, self.page_size)
+        scatter_rows(self.scales, slots, scales, self.page_size)
 
     def part_layouts(self, name: str, count: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """Snapshot parts ``name`` and ``name + "_scale"`` for ``count`` rows, as

@@ -100,8 +100,17 @@ class __CLASS__:
         self.head_dim = config.head_dim
         rows = config.size + config.page_size
         shape = (config.head_num, config.head_dim)
-        self._k = LayerRows(config.layer_num, rows, shape, config.dtype, config.device)
-        self._v = LayerRows(config.layer_num, rows, shape, config.dtype, config.device)
+        self._k, self._v = (
+            LayerRows(
+                config.layer_num,
+                rows,
+                shape,
+                config.dtype,
+                config.device,
+                page_size=config.page_size,  # whole-page offloads copy a page at a time
+            )
+            for _ in range(2)
+        )
 
     def _local(self, layer_id: int) -> int:
         local = layer_id - self.start_layer

@@ -78,9 +78,16 @@ class DSATokenToKVPool(MLATokenToKVPool):
         self.num_index_pages = -(-self.rows // page_size)
         token_rows = self.num_index_pages * page_size
         self._index_k = LayerRows(
-            layer_num, token_rows, (index_head_dim,), self.index_dtype, self.device
+            layer_num,
+            token_rows,
+            (index_head_dim,),
+            self.index_dtype,
+            self.device,
+            page_size=page_size,
         )
-        self._index_scale = LayerRows(layer_num, token_rows, (), torch.float32, self.device)
+        self._index_scale = LayerRows(
+            layer_num, token_rows, (), torch.float32, self.device, page_size=page_size
+        )
 
     def get_kv_size_bytes(self) -> int:
         return super().get_kv_size_bytes() + self._index_k.nbytes + self._index_scale.nbytes

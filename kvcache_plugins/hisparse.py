@@ -84,7 +84,12 @@ class HiSparseTokenToKVPool(DSATokenToKVPool):
             check_write_slots=check_write_slots,
         )
         self._device_latent = LayerRows(
-            layer_num, self.device_rows, (1, self.latent_dim), dtype, self.device
+            layer_num,
+            self.device_rows,
+            (1, self.latent_dim),
+            dtype,
+            self.device,
+            page_size=page_size,
         )
         self._l2d = empty_logical_to_device(self.rows, self.device)
 

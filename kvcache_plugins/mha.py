@@ -64,8 +64,12 @@ class MHATokenToKVPool:
             self.device.type == "cpu" if check_write_slots is None else check_write_slots
         )
         rows = size + page_size
-        self._k = LayerRows(layer_num, rows, (head_num, head_dim), dtype, self.device)
-        self._v = LayerRows(layer_num, rows, (head_num, self.v_head_dim), dtype, self.device)
+        self._k = LayerRows(
+            layer_num, rows, (head_num, head_dim), dtype, self.device, page_size=page_size
+        )
+        self._v = LayerRows(
+            layer_num, rows, (head_num, self.v_head_dim), dtype, self.device, page_size=page_size
+        )
         self.store_dtype = self._k.store_dtype
 
     @property

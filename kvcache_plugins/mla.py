@@ -83,7 +83,12 @@ class MLATokenToKVPool:
         )
         self.store_dtype = storage_dtype(dtype)
         self._latent = LayerRows(
-            layer_num, self.rows, (1, self.latent_dim), dtype, self._latent_device()
+            layer_num,
+            self.rows,
+            (1, self.latent_dim),
+            dtype,
+            self._latent_device(),
+            page_size=page_size,
         )
 
     @property

@@ -59,6 +59,7 @@ class Int8MHAPool:
                 dtype=config.dtype,
                 device=config.device,
                 quant_dtype=torch.int8,
+                page_size=config.page_size,
             )
             for _ in range(2)
         )
