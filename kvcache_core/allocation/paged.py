@@ -54,6 +54,8 @@ _CPU = torch.device("cpu")
 _INDEX_DTYPES = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8})
 #: Queued free calls that trigger a merge (bounds memory and how late an error surfaces).
 _MAX_PENDING_CALLS = 128
+_TENSOR = torch.Tensor
+_INT64 = torch.int64
 
 
 class _FreeIds:
@@ -165,14 +167,29 @@ class _FreeIds:
         """
         if ids.numel() == 0:
             return
-        self._raise_out_of_range(ids, what, only_if_bad=True)
         if groups is not None:
+            self._raise_out_of_range(ids, what, only_if_bad=True)
             ids = self._one_per_page(ids, groups, what=what)
         self.sync_marks()
         n = ids.numel()
-        self.is_free.index_add_(0, ids, self._signs(n, +1))
-        if bool((torch.index_select(self.is_free, 0, ids) != 1).any()):
-            self.is_free.index_add_(0, ids, self._signs(n, -1))  # undo exactly
+        is_free = self.is_free
+        try:
+            # The range check is index_add_'s own: it refuses any id outside 0..count.
+            is_free.index_add_(0, ids, self._signs(n, +1))
+        except IndexError:
+            # It may have applied the ids before the bad one: rebuild the marks from the stack
+            # (the truth), then name the bad id.
+            self._rebuild_marks()
+            self._raise_out_of_range(ids, what)
+        # Every id read 0 (handed out) or 1 (free) before the add, so the batch is good exactly
+        # when nothing reads 2 or more now. Why the maximum of the whole mask when it is short
+        # enough: one pass over it is cheaper than gathering the batch's marks.
+        if is_free.numel() <= 8 * n:
+            bad = bool(is_free.max() > 1)
+        else:
+            bad = bool(torch.index_select(is_free, 0, ids).max() > 1)
+        if bad:
+            is_free.index_add_(0, ids, self._signs(n, -1))  # undo exactly
             self._raise_bad_batch(ids, what)
         self._seal_top()
         if pieces is None:
@@ -180,6 +197,15 @@ class _FreeIds:
         else:
             self._chunks.extend(pieces)
         self.top += n
+
+    def _rebuild_marks(self) -> None:
+        """``is_free`` from the stack of free ids (after a bulk update failed half-way)."""
+        self._taken.clear()
+        self._seal_top()
+        self.is_free.zero_()
+        self.is_free[0] = 1
+        for chunk in self._chunks:
+            self.is_free.index_fill_(0, chunk, 1)
 
     def _one_per_page(self, ids: torch.Tensor, groups: torch.Tensor, *, what: str) -> torch.Tensor:
         """Pages named by several slots of one free call, once each; a page that two calls
@@ -230,11 +256,7 @@ class _FreeIds:
         self._chunks = list(chunks)
         self._start = 0
         self.top = top
-        self._taken.clear()
-        self.is_free.zero_()
-        self.is_free[0] = 1
-        for chunk in chunks:
-            self.is_free.index_fill_(0, chunk, 1)
+        self._rebuild_marks()
 
 
 class PagedSlotAllocator(FreeGroup, ForwardsOffload):
@@ -365,7 +387,14 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
         free = self._free
         if pages > free.top and not self._reserve(pages):
             return None
-        ids = free.take(pages)
+        chunks = free._chunks
+        if pages and not free._start and chunks[-1].numel() == pages:
+            # A freed batch of the same size on top (the steady state): pop it, no torch call.
+            ids = chunks.pop()
+            free.top -= pages
+            free._taken.append(ids)
+        else:
+            ids = free.take(pages)
         if page_size != 1:
             ids = self._slots_of(ids)
         return ids if self._on_host else ids.to(self.device)
@@ -383,6 +412,27 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
 
     def free(self, indices: torch.Tensor) -> None:
         """Release slots (and so their whole pages). Checked in a batch; see the module doc."""
+        # The common call first, with as few Python steps as possible: a plain 1-D int64 host
+        # tensor, no free group open. Queue a copy (the caller may reuse ``indices``).
+        if (
+            type(indices) is _TENSOR
+            and indices.dtype is _INT64
+            and indices.is_cpu
+            and self._on_host
+            and self._group is None
+            and indices.dim() == 1
+        ):
+            if indices.numel():
+                pending = self._pending
+                pending.append(indices.clone())
+                if len(pending) >= _MAX_PENDING_CALLS or self.eager_checks:
+                    self._settle()
+            return
+        self._free_any(indices)
+
+    def _free_any(self, indices: torch.Tensor) -> None:
+        """:meth:`free` for every other call: any integer dtype and shape, any device, and
+        calls collected by an open free group."""
         dtype = getattr(indices, "dtype", None)
         if dtype not in _INDEX_DTYPES:
             if not isinstance(indices, torch.Tensor):
