@@ -61,9 +61,6 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         self._logical = PagedSlotAllocator(self.size, self.page_size, kvcache, self.device)
         self._device = PagedSlotAllocator(self.device_size, self.page_size, kvcache, self.device)
         self._logical._on_settled = self._residency_settled
-        # Queued logical free call (by identity) -> (logical pages whose residency it dropped,
-        # their device pages), until the logical side's verdict on the call.
-        self._held: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self._offsets = torch.arange(self.page_size, dtype=torch.int64)
         # Host truth: logical page -> device page (-1 = not resident); page 0 is padding.
         self._page_map = torch.full((self.size // self.page_size + 1,), -1, dtype=torch.int64)
@@ -245,8 +242,9 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         allocated and their content stays in the logical store."""
         slots = check_slots(logical, limit=self.size + self.page_size, name="logical")
         pages = torch.unique(slots.to(_CPU) // self.page_size)
-        if self._held:
-            self._evict_held(pages)
+        # A page whose free is still queued is resident in the host page table until the
+        # settle: dropping it here frees its device page now, and the settle then finds it
+        # non-resident, whatever its verdict (a rollback must not bring residency back).
         pages = pages[(pages > 0) & (self._page_map[pages] >= 0)]
         if pages.numel() == 0:
             return
@@ -255,24 +253,16 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         table = self.logical_to_device
         table[self._slots_of(pages).to(table.device)] = -1
 
-    def _evict_held(self, pages: torch.Tensor) -> None:
-        """Device pages that queued free calls hold for ``pages`` go now: whatever the logical
-        side's verdict, residency was just dropped, so a rollback must not bring it back."""
-        for key, (call, held, dev_pages) in list(self._held.items()):
-            gone = torch.isin(held, pages)
-            if bool(gone.any()):
-                self._device.free(self._slots_of(dev_pages[gone]).to(self.device))
-                self._held[key] = (call, held[~gone], dev_pages[~gone])
-
     def free(self, indices: torch.Tensor) -> None:
         """Free logical slots (their whole pages) and the device pages those pages held.
 
-        Unlike the plain allocator this reads the ids at once: residency is dropped from the
-        tables now, and the truth is a host page table. With the ids on an accelerator that is
-        one host sync per call, the copy of the ids to the host; the range check runs on that
-        copy (pinned by tests/allocators/test_host_syncs.py). Range and slot 0 are checked
-        here; double frees surface from the logical allocator's batch check, and then the
-        call's residency is put back (see the module doc).
+        No host sync: nothing here reads the ids back. The device table rows of the named
+        pages become -1 at once, on the table's device, so nothing reads through them any
+        more; ids out of range (or in page 0) take no part in that. The host page table and
+        the device pages are settled with the logical side's verdicts (see the module doc):
+        an applied call's device pages are freed, a rejected call's table rows are put back.
+        Range, page 0 and double frees are checked there, at the next settle, like the plain
+        allocator's. Pinned by tests/allocators/test_host_syncs.py.
         """
         if self._collect(indices):
             return
@@ -283,17 +273,16 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         slots = check_slots(indices, limit=limit, name="indices", check_values=False)
         if slots.numel() == 0:
             return
-        # The one host sync: the host page table needs the ids. The range and slot-0 checks
-        # then run on the host copy, where they cost no second sync.
-        host = slots.to(_CPU)
-        check_slots(host, limit=limit, name="indices")
         call = slots.clone()  # owned: the caller may reuse ``indices``
-        pages = torch.unique(host // self.page_size)
-        pages = pages[(pages > 0) & (self._page_map[pages] >= 0)]  # page 0 is padding
-        if pages.numel():
-            # the call itself is kept too: it keeps its id unique while held
-            self._held[id(call)] = (call, pages, self._page_map[pages].clone())
-            self._set_residency(pages, None)
+        table = self.logical_to_device
+        ids = call if call.device == table.device else call.to(table.device)
+        P = self.page_size
+        valid = (ids >= P) & (ids < limit)  # page 0 is padding
+        pages = torch.div(torch.where(valid, ids, 0), P, rounding_mode="floor")
+        rows = (pages[:, None] * P + self._offsets.to(table.device)).reshape(-1)
+        keep = valid.repeat_interleave(P)
+        # Drop residency of valid rows; an invalid id was sent to page 0 and writes it back.
+        table[rows] = torch.where(keep, -1, table[rows])
         self._logical._enqueue(call, settle_if_due=settle_if_due)
 
     def _free_calls(self, calls: list[torch.Tensor]) -> None:
@@ -315,26 +304,43 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
             self._page_map[pages] = dev_pages
             table[slots] = self._slots_of(dev_pages).to(table.device)
 
-    def _residency_settled(self, calls: list[torch.Tensor], rejected: frozenset[int]) -> None:
-        """The logical side's verdicts: free the device pages of applied calls; make rejected
-        calls' pages resident again where the logical page is still held and nothing made it
-        resident since (a later call of the batch may have freed it: then its device page
-        goes)."""
-        release: list[torch.Tensor] = []
-        for number, call in enumerate(calls):
-            entry = self._held.pop(id(call), None)
-            if entry is None or entry[0] is not call:
-                continue
-            _, pages, dev_pages = entry
-            if number in rejected:
-                held = self._logical._allocated(pages * self.page_size).to(_CPU)
-                back = held & (self._page_map[pages] < 0)
-                self._set_residency(pages[back], dev_pages[back])
-                dev_pages = dev_pages[~back]
-            if dev_pages.numel():
-                release.append(dev_pages)
-        if release:
-            dev = release[0] if len(release) == 1 else torch.cat(release)
+    def _residency_settled(
+        self, calls: list[torch.Tensor], host: list[torch.Tensor], rejected: frozenset[int]
+    ) -> None:
+        """The logical side's verdicts. Applied calls: their resident pages lose their device
+        pages (freed) in the host page table. Rejected calls: their pages that are still held
+        and still resident get their device table rows back (a later call of the batch may have
+        freed the page: then that call's verdict decides; ``free_device`` may have dropped the
+        residency since: then it stays dropped).
+
+        Host syncs: one, the host copy of the batch (already made by the logical side's settle
+        on an accelerator, so free there)."""
+        if not calls:
+            return
+        P, limit = self.page_size, self._page_map.numel()
+        whole = (host[0] if len(host) == 1 else torch.cat(host)).to(_CPU)
+        parts = whole.split_with_sizes([c.numel() for c in host])
+
+        def pages_of(ids: torch.Tensor) -> torch.Tensor:
+            pages: torch.Tensor = torch.unique(torch.div(ids, P, rounding_mode="floor"))
+            pages = pages[(pages > 0) & (pages < limit)]
+            return pages[self._page_map[pages] >= 0]
+
+        if rejected:
+            applied = [p for i, p in enumerate(parts) if i not in rejected]
+            for i in sorted(rejected):
+                pages = pages_of(parts[i])
+                pages = pages[self._logical._allocated(pages * P)]
+                if pages.numel():
+                    self._set_residency(pages, self._page_map[pages].clone())
+        else:
+            applied = list(parts)
+        if not applied:
+            return
+        pages = pages_of(applied[0] if len(applied) == 1 else torch.cat(applied))
+        if pages.numel():
+            dev = self._page_map[pages]
+            self._page_map[pages] = -1
             self._device.free(self._slots_of(dev).to(self.device))
 
     def check_frees(self) -> None:
@@ -372,8 +378,7 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         ):
             raise AllocatorError("restore_state got a state this allocator did not back up")
         before = self._page_map.clone()
-        self._logical.restore_state(state[2])  # drops queued frees: so do we
-        self._held.clear()
+        self._logical.restore_state(state[2])  # drops queued frees (their table rows too)
         self._device.restore_state(state[3])
         self._page_map.copy_(state[4])
         self._forget_collected()
@@ -390,7 +395,6 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
 
     def clear(self) -> None:
         """Free every logical and device slot but the reserved page 0; nothing stays resident."""
-        self._held.clear()
         self._logical.clear()
         self._device.clear()
         self._group = None

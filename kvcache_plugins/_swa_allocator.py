@@ -24,7 +24,6 @@ import torch
 
 from kvcache_core import (
     AllocatorError,
-    DoubleFreeError,
     FreeGroup,
     KVPool,
     KVSnapshot,
@@ -38,6 +37,24 @@ from ._swa_pool import SWAKVPool
 __all__ = ["SWASlotAllocator"]
 
 _CPU = torch.device("cpu")
+
+
+def _host_pairs(
+    pairs: list[tuple[torch.Tensor, torch.Tensor]],
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Host copies of same-length tensor pairs, with one device -> host transfer for all."""
+    sizes = [a.numel() for a, _ in pairs]
+    whole = torch.cat([torch.stack(pair) for pair in pairs], dim=1).to(_CPU)
+    return [(part[0], part[1]) for part in whole.split_with_sizes(sizes, dim=1)]
+
+
+def _host_read(table: torch.Tensor, rows: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``table[r]`` on the host for every host ``r``, with one transfer for all of them."""
+    sizes = [r.numel() for r in rows]
+    if not rows:
+        return []
+    whole = table[torch.cat(rows).to(table.device)].to(_CPU)
+    return list(whole.split_with_sizes(sizes))
 
 
 def _ceil_div(a: torch.Tensor, b: int) -> torch.Tensor:
@@ -306,25 +323,25 @@ class SWASlotAllocator(FreeGroup):
     def _evict_held(self, slots: torch.Tensor) -> None:
         """Window slots that queued free calls hold for ``slots`` go now: whatever the full
         side's verdict, these tokens were just evicted, so a rollback must not bring them back."""
-        for key, (call, cleared, window) in list(self._held.items()):
-            gone = torch.isin(cleared, slots)
+        for key, (call, rows, window) in list(self._held.items()):
+            gone = torch.isin(rows, slots) & (window > 0)
             if bool(gone.any()):
-                # unique: a call rejected for naming a slot twice holds its window slot twice
+                # unique: a call may name a slot twice (it is then rejected) and, paged, the
+                # slots of one page, which all read the page's window slots
                 self.swa_attn_allocator.free(torch.unique(window[gone]))
-                self._held[key] = (call, cleared[~gone], window[~gone])
+                self._held[key] = (call, rows, torch.where(gone, 0, window))
 
     def free(self, indices: torch.Tensor) -> None:
         """Release full slots and, with them, any window slots they still hold.
 
-        The slots are range-checked here (the window side must read the table at them); a
-        double free of a full slot surfaces when the full side checks its queued frees, and
-        then the call's window slots are kept (see the module doc).
-
-        Host syncs when the ids live on an accelerator (pinned by
-        tests/allocators/test_host_syncs.py): one read for the range and slot-0 checks
-        together, one ``nonzero`` for the tokens holding a window slot, and a ``unique`` when
-        paged. Why not queued like the plain allocator: the table entries are cleared now, and
-        which window slots the call releases decides what :attr:`_held` keeps for a rollback.
+        No host sync: nothing here reads the ids back. The table entries of the call's tokens
+        (whole pages when paged) are cleared at once on the table's device, and the window
+        slots they held are kept aside with the call, all by plain tensor ops; ids out of range
+        (or slot 0) take no part in that and are left to the full side, which checks every
+        queued call in a batch (range, slot 0, double frees) and reports each call's verdict
+        (see the module doc). So a bad call raises at the next settle, like a double free of the
+        plain allocator, and changes nothing on either side. Pinned by
+        tests/allocators/test_host_syncs.py.
         """
         if self._collect(indices):
             return
@@ -332,29 +349,22 @@ class SWASlotAllocator(FreeGroup):
 
     def _free_one(self, indices: torch.Tensor, *, settle_if_due: bool) -> None:
         mapping = self.full_to_swa_index_mapping
-        limit = self.full_size + self.page_size
         slots = check_slots(
-            indices, limit=limit, allow_zero=True, device=mapping.device, check_values=False
+            indices,
+            limit=self.full_size + self.page_size,
+            allow_zero=True,
+            device=mapping.device,
+            check_values=False,  # dtype and rank only: the values are the settle's to check
         )
         if slots.numel() == 0:
             return
-        # Range and slot 0 in one read (one sync on an accelerator, not two).
-        out_of_range, zero = torch.stack(
-            [((slots < 0) | (slots >= limit)).any(), (slots == 0).any()]
-        ).tolist()
-        if out_of_range:
-            check_slots(slots, limit=limit, allow_zero=True)  # raises, naming the slot
-        if zero:
-            raise DoubleFreeError("slot 0 is reserved and is never allocated")
         call = slots.clone()  # owned: the caller may reuse ``indices``
-        cleared = self._page_slots(call)
-        window = mapping[cleared]
-        # Positions holding a window slot: one read gives both "any?" and the selection.
-        held = (window > 0).nonzero().reshape(-1)
-        if held.numel():
-            cleared, window = cleared[held], window[held]
-            mapping[cleared] = 0
-            self._held[id(call)] = (call, cleared, window)  # the call keeps its id unique
+        rows, valid = self._rows_of(call)
+        before = mapping[rows]
+        # Clear the valid rows; an invalid id was sent to row 0 (always 0) and writes it back.
+        mapping[rows] = torch.where(valid, 0, before)
+        window = torch.where(valid, before, 0)  # what the call holds (0: nothing)
+        self._held[id(call)] = (call, rows, window)  # the call keeps its id unique while held
         self.full_attn_allocator._enqueue(call, settle_if_due=settle_if_due)
 
     def _free_calls(self, calls: list[torch.Tensor]) -> None:
@@ -365,35 +375,64 @@ class SWASlotAllocator(FreeGroup):
             self.full_attn_allocator._settle_if_due,
         )
 
-    def _page_slots(self, slots: torch.Tensor) -> torch.Tensor:
-        """``slots`` grown to whole pages (a window page belongs to one full page)."""
+    def _rows_of(self, call: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The table rows a free call clears (whole pages when paged: a window page belongs to
+        one full page) and which of them are valid, without reading the ids: an id out of range
+        or 0 becomes row 0 with ``valid`` False, and a page named by several ids appears
+        several times."""
         P = self.page_size
+        valid = (call > 0) & (call < self.full_size + P)
+        safe = torch.where(valid, call, 0)
         if P == 1:
-            return slots
-        pages: torch.Tensor = torch.unique(torch.div(slots, P, rounding_mode="floor"))
-        return (pages[:, None] * P + torch.arange(P, device=slots.device)).reshape(-1)
+            return safe, valid
+        offsets = torch.arange(P, device=call.device)
+        rows = (torch.div(safe, P, rounding_mode="floor")[:, None] * P + offsets).reshape(-1)
+        return rows, valid.repeat_interleave(P)
 
-    def _window_settled(self, calls: list[torch.Tensor], rejected: frozenset[int]) -> None:
+    def _window_settled(
+        self, calls: list[torch.Tensor], _host: list[torch.Tensor], rejected: frozenset[int]
+    ) -> None:
         """The full side's verdicts: free the window slots of applied calls; put back the table
         entries of rejected ones, where the full slot is still held and nothing was recorded
-        there since (a later call of the batch may have freed it: then its window slot goes)."""
+        there since (a later call of the batch may have freed it: then its window slot goes).
+
+        Host syncs: one read of what every call of the batch holds, plus, only when a call was
+        rejected, one read of the table at the rejected calls' rows."""
         mapping = self.full_to_swa_index_mapping
-        release: list[torch.Tensor] = []
+        entries: list[tuple[int, torch.Tensor, torch.Tensor]] = []
         for number, call in enumerate(calls):
             entry = self._held.pop(id(call), None)
-            if entry is None or entry[0] is not call:
-                continue
-            _, cleared, window = entry
+            if entry is not None and entry[0] is call:
+                entries.append((number, entry[1], entry[2]))
+        if not entries:
+            return
+        held = _host_pairs([(rows, window) for _, rows, window in entries])
+        release: list[torch.Tensor] = []
+        back_rows: list[torch.Tensor] = []
+        back_window: list[torch.Tensor] = []
+        bad: list[int] = []
+        now: list[torch.Tensor] = []
+        if rejected:
+            bad = [i for i, (number, _, _) in enumerate(entries) if number in rejected]
+            now = _host_read(mapping, [held[i][0] for i in bad])
+        for i, (number, _, _) in enumerate(entries):
+            rows, window = held[i]
             if number in rejected:
-                held = self.full_attn_allocator._allocated(cleared.to(_CPU)).to(mapping.device)
-                back = held & (mapping[cleared] == 0)
-                mapping[cleared[back]] = window[back]
+                current = now[bad.index(i)]
+                alive = self.full_attn_allocator._allocated(rows)
+                back = (window > 0) & alive & (current == 0)
+                back_rows.append(rows[back])
+                back_window.append(window[back])
                 # a rejected call may name a slot twice (that is why it was rejected)
                 window = torch.unique(window[~back])
-            if window.numel():
-                release.append(window)
-        if release:
-            self.swa_attn_allocator.free(release[0] if len(release) == 1 else torch.cat(release))
+            release.append(window[window > 0])
+        if back_rows:
+            rows, window = torch.cat(back_rows), torch.cat(back_window)
+            if rows.numel():
+                mapping[rows.to(mapping.device)] = window.to(mapping.device)
+        freed = torch.cat(release)
+        if freed.numel():
+            self.swa_attn_allocator.free(freed)
 
     # -- state --------------------------------------------------------------------------------
     def backup_state(self) -> object:

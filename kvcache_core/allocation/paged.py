@@ -58,6 +58,18 @@ _TENSOR = torch.Tensor
 _INT64 = torch.int64
 
 
+def _to_host(calls: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Host copies of queued calls with one device -> host transfer (one sync) for all of them.
+
+    The pieces are views of one fresh tensor that nothing writes again, so they can be pushed
+    as chunks of the free stack like any owned call."""
+    device = calls[0].device
+    if any(c.device != device for c in calls):  # a composite queued host ids too (rare)
+        return [c.to(_CPU) for c in calls]
+    whole = (calls[0] if len(calls) == 1 else torch.cat(calls)).to(_CPU)
+    return list(whole.split_with_sizes([c.numel() for c in calls]))
+
+
 class _FreeIds:
     """Free ids ``1..count`` as a stack of immutable chunks.
 
@@ -289,10 +301,13 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
         self.eager_checks = eager_checks
         self._on_host = self.device.type == "cpu"
         #: Set by a composite allocator that owns this one: called at every settle with the
-        #: queued calls (the very tensors :meth:`_enqueue` got) and the positions of the rejected
-        #: ones, before any error is raised, so the composite can release or roll back its own
-        #: side of each call.
-        self._on_settled: Callable[[list[torch.Tensor], frozenset[int]], None] | None = None
+        #: queued calls (the very tensors :meth:`_enqueue` got), their host copies (the same
+        #: tensors on a host allocator; made with one transfer for the whole queue otherwise)
+        #: and the positions of the rejected ones, before any error is raised, so the composite
+        #: can release or roll back its own side of each call.
+        self._on_settled: (
+            Callable[[list[torch.Tensor], list[torch.Tensor], frozenset[int]], None] | None
+        ) = None
         #: Whether ``alloc_decode`` checks ``last_loc`` for every request with a prefix. A
         #: window side (SWA) turns this off: its ``last_loc`` is a translated one, 0 once the
         #: token left the window, and matters only when the new slot continues its page.
@@ -304,14 +319,14 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
         if not self._pending:
             return
         pending, self._pending = self._pending, []
-        calls = pending if self._on_host else [p.to(_CPU) for p in pending]
+        calls = pending if self._on_host else _to_host(pending)
         try:
             self._give_back(calls)
         except KVCacheError:
             self._give_back_one_by_one(pending, calls)
         else:
             if self._on_settled is not None:
-                self._on_settled(pending, frozenset())
+                self._on_settled(pending, calls, frozenset())
 
     def _allocated(self, slots: torch.Tensor) -> torch.Tensor:
         """Which of ``slots`` (host int64) lie in handed-out pages (queued frees not counted).
@@ -340,7 +355,7 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
             except KVCacheError as exc:
                 failures.append((number, exc))
         if self._on_settled is not None:
-            self._on_settled(pending, frozenset(number - 1 for number, _ in failures))
+            self._on_settled(pending, calls, frozenset(number - 1 for number, _ in failures))
         number, first = failures[0]
         context = (
             f" (queued free call {number} of {len(calls)}; "
