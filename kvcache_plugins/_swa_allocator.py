@@ -122,7 +122,9 @@ class SWASlotAllocator(FreeGroup):
     # -- the table ----------------------------------------------------------------------------
     def _record(self, full: torch.Tensor, swa: torch.Tensor) -> None:
         mapping = self.full_to_swa_index_mapping
-        mapping[full.to(mapping.device)] = swa.to(mapping.device)
+        device = mapping.device
+        full = full if full.device == device else full.to(device)
+        mapping[full] = swa if swa.device == device else swa.to(device)
 
     def translate_loc_from_full_to_swa(self, kv_indices: torch.Tensor) -> torch.Tensor:
         """Window slots of full slots (0: none; -1, an absent ``last_loc``, stays -1)."""

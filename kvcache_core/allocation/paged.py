@@ -89,9 +89,8 @@ class _FreeIds:
         self.count = count
         self.is_free = torch.ones(count + 1, dtype=torch.int32)
         self._ones = torch.ones(count + 1, dtype=torch.int32)
-        self._minus_ones = -self._ones
-        self._low = torch.empty(count + 1, dtype=torch.int64)  # scratch for de-duplication
-        self._high = torch.empty(count + 1, dtype=torch.int64)
+        # scratch for de-duplicating pages, made on first use (a token allocator never needs it)
+        self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None
         self._chunks: list[torch.Tensor] = []
         self._start = 0
         self._taken: list[torch.Tensor] = []
@@ -139,27 +138,32 @@ class _FreeIds:
         self._taken.append(ids)
         return ids
 
-    def _signs(self, n: int, sign: int) -> torch.Tensor:
-        """``n`` values of ``sign`` (views of preallocated buffers when they are long enough)."""
-        source = self._ones if sign > 0 else self._minus_ones
-        if n <= source.numel():
-            return source.narrow(0, 0, n)
-        return torch.full((n,), sign, dtype=torch.int32)
+    def _ones_of(self, n: int) -> torch.Tensor:
+        """``n`` ones (a view of a preallocated buffer when it is long enough)."""
+        if n <= self._ones.numel():
+            return self._ones.narrow(0, 0, n)
+        return torch.ones(n, dtype=torch.int32)
 
     def sync_marks(self) -> None:
         """Mark everything handed out since the last sync as not free."""
         if self._taken:
             taken = self._taken[0] if len(self._taken) == 1 else torch.cat(self._taken)
             self._taken.clear()
-            self.is_free.index_add_(0, taken, self._signs(taken.numel(), -1))
+            self.is_free.index_add_(0, taken, self._ones_of(taken.numel()), alpha=-1)
 
     def _spread(self, ids: torch.Tensor, groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """For every position, the lowest and highest group id that names the same id."""
-        self._low.index_fill_(0, ids, groups.numel())
-        self._low.scatter_reduce_(0, ids, groups, reduce="amin")
-        self._high.index_fill_(0, ids, -1)
-        self._high.scatter_reduce_(0, ids, groups, reduce="amax")
-        return torch.index_select(self._low, 0, ids), torch.index_select(self._high, 0, ids)
+        if self._scratch is None:
+            self._scratch = (
+                torch.empty(self.count + 1, dtype=torch.int64),
+                torch.empty(self.count + 1, dtype=torch.int64),
+            )
+        low, high = self._scratch
+        low.index_fill_(0, ids, groups.numel())
+        low.scatter_reduce_(0, ids, groups, reduce="amin")
+        high.index_fill_(0, ids, -1)
+        high.scatter_reduce_(0, ids, groups, reduce="amax")
+        return torch.index_select(low, 0, ids), torch.index_select(high, 0, ids)
 
     def give_back(
         self,
@@ -187,7 +191,7 @@ class _FreeIds:
         is_free = self.is_free
         try:
             # The range check is index_add_'s own: it refuses any id outside 0..count.
-            is_free.index_add_(0, ids, self._signs(n, +1))
+            is_free.index_add_(0, ids, self._ones_of(n))
         except IndexError:
             # It may have applied the ids before the bad one: rebuild the marks from the stack
             # (the truth), then name the bad id.
@@ -197,11 +201,11 @@ class _FreeIds:
         # when nothing reads 2 or more now. Why the maximum of the whole mask when it is short
         # enough: one pass over it is cheaper than gathering the batch's marks.
         if is_free.numel() <= 8 * n:
-            bad = bool(is_free.max() > 1)
+            bad = int(is_free.max()) > 1
         else:
-            bad = bool(torch.index_select(is_free, 0, ids).max() > 1)
+            bad = int(torch.index_select(is_free, 0, ids).max()) > 1
         if bad:
-            is_free.index_add_(0, ids, self._signs(n, -1))  # undo exactly
+            is_free.index_add_(0, ids, self._ones_of(n), alpha=-1)  # undo exactly
             self._raise_bad_batch(ids, what)
         self._seal_top()
         if pieces is None:
