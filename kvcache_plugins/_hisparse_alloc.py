@@ -134,7 +134,13 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         return torch.tensor(pages, dtype=torch.int64)
 
     def _device_room(self, pages: int) -> bool:
-        return pages * self.page_size <= self.device_available_size()
+        """Whether the device side has ``pages`` free pages. Queued frees are settled only when
+        it is short (the logical side first: its verdicts release device pages), as the plain
+        allocator's ``alloc`` does."""
+        if self._device._reserve(pages):
+            return True
+        self._logical._settle()
+        return self._device._reserve(pages)
 
     def _last_pages_needing_device(self, lasts: list[int], partial: list[bool]) -> int:
         pages = [last // self.page_size for last, p in zip(lasts, partial, strict=True) if p]

@@ -210,7 +210,7 @@ class SWASlotAllocator(FreeGroup):
                 f"need_size must be a non-negative multiple of page_size {self.page_size}, "
                 f"got {need_size}"
             )
-        if need_size > self.available_size():
+        if not self._room(need_size // self.page_size):
             return None
         full = self.full_attn_allocator.alloc(need_size)
         swa = self.swa_attn_allocator.alloc(need_size)
@@ -226,8 +226,17 @@ class SWASlotAllocator(FreeGroup):
             raise AllocatorError(f"last_loc values must be -1 or a slot in [1, {rows})")
         return self.translate_loc_from_full_to_swa(last)
 
-    def _pages_free(self) -> int:
-        return min(self.full_available_size(), self.swa_available_size()) // self.page_size
+    def _room(self, pages: int) -> bool:
+        """Whether both sides have ``pages`` free pages. Queued frees are settled only when a
+        side is short, as the plain allocator's ``alloc`` does (the full side first: its
+        verdicts release window slots), so an alloc with room reads nothing back."""
+        full, window = self.full_attn_allocator, self.swa_attn_allocator
+        if not full._reserve(pages):
+            return False
+        if window._reserve(pages):
+            return True
+        full._settle()
+        return window._reserve(pages)
 
     def _undo_new_pages(
         self, side: PagedSlotAllocator, out: torch.Tensor, last_loc: torch.Tensor
@@ -256,7 +265,7 @@ class SWASlotAllocator(FreeGroup):
         # The real last_loc is checked before either side moves (a stale one raises here).
         self.full_attn_allocator._extend_plan(prefix_lens, seq_lens, last_loc, extend_num_tokens)
         need = int((_ceil_div(seq_lens.long(), P) - _ceil_div(prefix_lens.long(), P)).sum())
-        if need > self._pages_free():
+        if not self._room(need):
             return None
         # The window side first: its last_loc (a translated one) is the likelier to be invalid.
         swa = self.swa_attn_allocator.alloc_extend(
@@ -283,7 +292,7 @@ class SWASlotAllocator(FreeGroup):
         # The real last_loc is checked before either side moves (a stale one raises here).
         self.full_attn_allocator._decode_plan(seq_lens, last_loc)
         need = int(((seq_lens.long() - 1) % self.page_size == 0).sum())
-        if need > self._pages_free():
+        if not self._room(need):
             return None
         swa = self.swa_attn_allocator.alloc_decode(seq_lens, swa_last)
         if swa is None:
