@@ -161,7 +161,9 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
             return None
         slots = self._logical.alloc(need_size)
         if slots is not None:
-            self._make_resident(self._non_resident(slots.to(_CPU) // self.page_size))
+            # Fresh whole pages, each once, none resident: a free logical page never is (its
+            # residency goes when its free settles, and it is handed out only after that).
+            self._make_resident(slots.to(_CPU)[:: self.page_size] // self.page_size)
         return slots
 
     def alloc_extend(
@@ -284,9 +286,12 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         ids = call if call.device == table.device else call.to(table.device)
         P = self.page_size
         valid = (ids >= P) & (ids < limit)  # page 0 is padding
-        pages = torch.div(torch.where(valid, ids, 0), P, rounding_mode="floor")
-        rows = (pages[:, None] * P + self._offsets.to(table.device)).reshape(-1)
-        keep = valid.repeat_interleave(P)
+        if P == 1:
+            rows, keep = torch.where(valid, ids, 0), valid
+        else:
+            pages = torch.div(torch.where(valid, ids, 0), P, rounding_mode="floor")
+            rows = (pages[:, None] * P + self._offsets.to(table.device)).reshape(-1)
+            keep = valid.repeat_interleave(P)
         # Drop residency of valid rows; an invalid id was sent to page 0 and writes it back.
         table[rows] = torch.where(keep, -1, table[rows])
         self._logical._enqueue(call, settle_if_due=settle_if_due)

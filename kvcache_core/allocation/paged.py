@@ -54,6 +54,13 @@ _CPU = torch.device("cpu")
 _INDEX_DTYPES = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8})
 #: Queued free calls that trigger a merge (bounds memory and how late an error surfaces).
 _MAX_PENDING_CALLS = 128
+#: Queued ids that trigger a merge. Why: torch runs an op on more than 32768 elements on its
+#: intra-op thread pool, and on a busy host waking the pool's idle threads can take
+#: milliseconds (a scheduler tick), hundreds of times the op itself. Keeping every bulk
+#: operation of a settle below that size keeps the bookkeeping on the calling thread.
+_MAX_PENDING_IDS = 16384
+#: Below this many elements a torch op runs on the calling thread (torch's grain size).
+_SERIAL_OP_SIZE = 32768
 _TENSOR = torch.Tensor
 _INT64 = torch.int64
 
@@ -198,9 +205,10 @@ class _FreeIds:
             self._rebuild_marks()
             self._raise_out_of_range(ids, what)
         # Every id read 0 (handed out) or 1 (free) before the add, so the batch is good exactly
-        # when nothing reads 2 or more now. Why the maximum of the whole mask when it is short
-        # enough: one pass over it is cheaper than gathering the batch's marks.
-        if is_free.numel() <= 8 * n:
+        # when nothing reads 2 or more now. Why the maximum of the whole mask when it is small:
+        # one pass over it is cheaper than gathering the batch's marks (and a large one would
+        # run on the thread pool, see _MAX_PENDING_IDS).
+        if is_free.numel() < _SERIAL_OP_SIZE:
             bad = int(is_free.max()) > 1
         else:
             bad = int(torch.index_select(is_free, 0, ids).max()) > 1
@@ -301,6 +309,7 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
         self._kvcache = kvcache
         self._free = _FreeIds(self.num_pages)
         self._pending: list[torch.Tensor] = []
+        self._pending_ids = 0  # how many ids ``_pending`` holds
         self._offsets = torch.arange(page_size, dtype=torch.int64)
         self.eager_checks = eager_checks
         self._on_host = self.device.type == "cpu"
@@ -323,6 +332,7 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
         if not self._pending:
             return
         pending, self._pending = self._pending, []
+        self._pending_ids = 0
         calls = pending if self._on_host else _to_host(pending)
         try:
             self._give_back(calls)
@@ -344,8 +354,10 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
     def _settle_if_due(self) -> None:
         """Settle when the queue reached its bound (or at once, with eager checks)."""
         pending = self._pending
-        if len(pending) >= _MAX_PENDING_CALLS or (
-            self.eager_checks and pending and pending[-1].device.type == "cpu"
+        if (
+            len(pending) >= _MAX_PENDING_CALLS
+            or self._pending_ids >= _MAX_PENDING_IDS
+            or (self.eager_checks and pending and pending[-1].device.type == "cpu")
         ):
             self._settle()
 
@@ -441,10 +453,16 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
             and self._group is None
             and indices.dim() == 1
         ):
-            if indices.numel():
+            n = indices.numel()
+            if n:
                 pending = self._pending
                 pending.append(indices.clone())
-                if len(pending) >= _MAX_PENDING_CALLS or self.eager_checks:
+                self._pending_ids += n
+                if (
+                    len(pending) >= _MAX_PENDING_CALLS
+                    or self._pending_ids >= _MAX_PENDING_IDS
+                    or self.eager_checks
+                ):
                     self._settle()
             return
         self._free_any(indices)
@@ -471,10 +489,8 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
         if self._on_host and not indices.is_cpu:
             indices = indices.cpu()
         self._pending.append(indices)
-        if len(self._pending) >= _MAX_PENDING_CALLS or (
-            self.eager_checks and indices.device.type == "cpu"
-        ):
-            self._settle()
+        self._pending_ids += indices.numel()
+        self._settle_if_due()
 
     def _own(self, indices: torch.Tensor) -> torch.Tensor:
         """A 1-D int64 copy of ``indices`` (on the host for a host allocator).
@@ -497,6 +513,7 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
         this allocator's device, never written again); its verdict comes back through
         :attr:`_on_settled` with this very tensor."""
         self._pending.append(owned)
+        self._pending_ids += owned.numel()
         if settle_if_due:
             self._settle_if_due()
 
@@ -504,7 +521,9 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
         """End of a free group: each collected call is queued as a call of its own, so a bad
         one is rejected alone (with the one error of the settle) and the others are applied.
         All are queued before any settle, so an error cannot drop the group's later calls."""
-        self._pending.extend(self._own(c) for c in calls if c.numel())
+        owned = [self._own(c) for c in calls if c.numel()]
+        self._pending.extend(owned)
+        self._pending_ids += sum(c.numel() for c in owned)
         self._settle_if_due()
 
     def check_frees(self) -> None:
@@ -533,12 +552,14 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
         ):
             raise AllocatorError("restore_state got a state this allocator did not back up")
         self._pending.clear()
+        self._pending_ids = 0
         self._free.restore(state[2])
         self._forget_collected()
 
     def clear(self) -> None:
         """Free every slot but the reserved slot 0."""
         self._pending.clear()
+        self._pending_ids = 0
         self._group = None
         self._free.reset()
 
