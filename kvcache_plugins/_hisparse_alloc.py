@@ -12,12 +12,15 @@ tokens are written through to the device), or None, consuming nothing, unless bo
 ``available_size`` is therefore the smaller side. The extras: ``alloc_logical_only``,
 ``alloc_device`` (make already-allocated logical slots resident), ``free_device``.
 
-Freeing follows the logical side's verdict. ``free`` drops residency in the tables at once (the
-pages may not be read through them any more) but keeps the device pages aside with the call; the
-logical side checks its queued calls in a batch and reports each call's verdict when it settles
-(:meth:`HiSparseSlotAllocator._residency_settled`): an applied call's device pages are freed, a
-rejected call's residency is put back. So a double free found late (at the queue bound, in a
-free group) neither leaks device pages nor leaves a free logical page marked resident.
+Freeing follows the logical side's verdict. ``free`` drops residency in the device table at once
+(the pages may not be read through it any more), without reading the ids back (no host sync);
+the host page table still names the device pages until the logical side, which checks its
+queued calls in a batch, reports each call's verdict when it settles
+(:meth:`HiSparseSlotAllocator._residency_settled`): an applied call's device pages are freed and
+its pages leave the host table, a rejected call's device table rows are put back. So a bad free
+found late (at the queue bound, in a free group) neither leaks device pages nor leaves a free
+logical page marked resident. A free logical page is never resident once its free settled, which
+is why ``alloc`` can make its fresh pages resident without looking them up.
 """
 
 from __future__ import annotations

@@ -11,11 +11,13 @@ exactly (gives masked tokens without a window slot one, takes it from unmasked t
 then lets the pool write. A shortage of window slots raises before anything changes.
 
 Freeing follows the full side's verdict. ``free`` clears the table entries at once (nothing may
-write through them any more) but keeps the window slots aside with the call; the full side
-checks its queued calls in a batch, and when it settles it reports each call's verdict
-(:meth:`_window_settled`): an applied call's window slots are freed, a rejected call's entries
-are put back. So a double free found late (at the queue bound, in a free group) never leaves a
-window slot without an owner, and a rejected call changes nothing on either side.
+write through them any more) but keeps the window slots aside with the call, without reading
+the ids back (no host sync: ids out of range or 0 just take no part); the full side checks its
+queued calls in a batch (range, slot 0, double frees), and when it settles it reports each
+call's verdict (:meth:`_window_settled`, which reads what the whole batch holds in one copy):
+an applied call's window slots are freed, a rejected call's entries are put back. So a bad
+free found late (at the queue bound, in a free group) never leaves a window slot without an
+owner, and a rejected call changes nothing on either side.
 """
 
 from __future__ import annotations
