@@ -285,7 +285,8 @@ def test_round_trip_recreates_exactly_the_masked_window_slots(
     assert snap.pool_kind == "swa" and snap.token_count == idx.numel()
     assert torch.equal(snap.parts["swa_mask"], mask)
     alloc.free(req)
-    alloc.alloc(req_pages * P)  # a filler, so the reload lands on other slots
+    alloc.check_frees()  # settled now (alloc settles only when short), so that
+    alloc.alloc(req_pages * P)  # a filler takes them and the reload lands on other slots
     new = alloc.alloc(idx.numel())
     assert new is not None and not set(new.tolist()) & set(idx.tolist())
     before = buffers(pool)
