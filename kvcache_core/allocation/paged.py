@@ -293,6 +293,18 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
     """Hands out whole pages of ``page_size`` slots; ``page_size=1`` is a token allocator.
 
     Page ``p`` covers slots ``[p * P, (p + 1) * P)``; page 0 (slot 0 and its page) is reserved.
+
+    For composite allocators that own one per side (SWA, HiSparse), these underscore members
+    are a protected interface, kept as described here:
+
+    - :attr:`_on_settled` (set it): called at every settle with each queued call's verdict.
+    - :meth:`_enqueue`: queue a call the composite owns, checked at the settle like a
+      ``free``; :meth:`_settle_if_due` settles when the queue reached its bound.
+    - :meth:`_settle`: check and merge the queue now; :meth:`_reserve`: whether ``pages``
+      are free, settling only when the stack is short.
+    - :meth:`_allocated`: which slots lie in handed-out pages (queued frees not counted).
+    - :meth:`_pages_for`, :meth:`_extend_plan`, :meth:`_decode_plan`: check an ``alloc*``
+      call without changing anything. :attr:`_check_every_last_loc`: see ``__init__``.
     """
 
     def __init__(
