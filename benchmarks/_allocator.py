@@ -15,6 +15,7 @@ Figures (issue 9, part 3), each the median of interleaved runs in this process:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -235,7 +236,11 @@ def _rate_table(quick: bool, repeat: int) -> None:
 
     size, cycles, chunk = 65536, (2000 if quick else 20000), 256
     pool = MHATokenToKVPool(8, 1, torch.float32, 1, 1, 1)
-    print(f"== allocator: alloc({chunk}) + free({chunk}), {size} slots, {cycles} cycles")
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(
+        f"== allocator: alloc({chunk}) + free({chunk}), {size} slots, {cycles} cycles, "
+        f"median of {repeat} interleaved runs, {torch.get_num_threads()} threads, load {load}"
+    )
     real, real_note = _real_sglang()
     makers: dict[str, Callable[[], Any]] = {
         "kvcache": lambda: PagedSlotAllocator(size, 1, pool),
@@ -252,9 +257,10 @@ def _rate_table(quick: bool, repeat: int) -> None:
 
     def run(name: str, make: Callable[[], Any]) -> Callable[[], None]:
         n = composite_cycles if name in ("swa", "hisparse", "sglang paired") else cycles
+        fresh = [make() for _ in range(repeat)]  # built outside the timed region
 
         def cycle() -> None:
-            allocator = make()
+            allocator = fresh.pop()
             for _ in range(n):
                 allocator.free(allocator.alloc(chunk))
 

@@ -333,28 +333,27 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
             return
         P, limit = self.page_size, self._page_map.numel()
         whole = (host[0] if len(host) == 1 else torch.cat(host)).to(_CPU)
-        parts = whole.split_with_sizes([c.numel() for c in host])
-
-        def pages_of(ids: torch.Tensor) -> torch.Tensor:
-            pages: torch.Tensor = torch.unique(torch.div(ids, P, rounding_mode="floor"))
-            pages = pages[(pages > 0) & (pages < limit)]
-            return pages[self._page_map[pages] >= 0]
-
         if rejected:
-            applied = [p for i, p in enumerate(parts) if i not in rejected]
+            parts = whole.split_with_sizes([c.numel() for c in host])
             for i in sorted(rejected):
-                pages = pages_of(parts[i])
+                pages: torch.Tensor = torch.unique(torch.div(parts[i], P, rounding_mode="floor"))
+                pages = pages[(pages > 0) & (pages < limit)]
+                pages = pages[self._page_map[pages] >= 0]
                 pages = pages[self._logical._allocated(pages * P)]
                 if pages.numel():
                     self._set_residency(pages, self._page_map[pages].clone())
-        else:
-            applied = list(parts)
-        if not applied:
-            return
-        pages = pages_of(applied[0] if len(applied) == 1 else torch.cat(applied))
-        if pages.numel():
-            dev = self._page_map[pages]
-            self._page_map[pages] = -1
+            applied = [p for i, p in enumerate(parts) if i not in rejected]
+            if not applied:
+                return
+            whole = torch.cat(applied)
+        # Applied ids are valid and no page is in two applied calls, so no filtering is
+        # needed; a page named by several slots of one call is looked up several times, which
+        # the page table and the device side (several slots of one page in one call) accept.
+        pages = whole if P == 1 else torch.div(whole, P, rounding_mode="floor")
+        dev = self._page_map[pages]
+        self._page_map[pages] = -1
+        dev = dev[dev >= 0]  # the resident ones
+        if dev.numel():
             self._device.free(self._slots_of(dev).to(self.device))
 
     def check_frees(self) -> None:
