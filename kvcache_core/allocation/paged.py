@@ -205,7 +205,7 @@ class _FreeIds:
         try:
             # The range check is index_add_'s own: it refuses any id outside 0..count.
             is_free.index_add_(0, ids, self._ones_of(n))
-        except IndexError:
+        except (IndexError, RuntimeError):
             # It may have applied the ids before the bad one: rebuild the marks from the stack
             # (the truth), then name the bad id.
             self._rebuild_marks()
