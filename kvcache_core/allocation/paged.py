@@ -76,9 +76,19 @@ def _to_host(calls: list[torch.Tensor]) -> list[torch.Tensor]:
 
     The pieces are views of one fresh tensor that nothing writes again, so they can be pushed
     as chunks of the free stack like any owned call."""
-    device = calls[0].device
-    if any(c.device != device for c in calls):  # a composite queued host ids too (rare)
-        return [c.to(_CPU) for c in calls]
+    if all(c.device == calls[0].device for c in calls):
+        return _one_transfer(calls)
+    # A composite queued host ids too (the window side gets both): one transfer for the rest.
+    remote = [c for c in calls if c.device.type != "cpu"]
+    if all(c.device == remote[0].device for c in remote):
+        copies = iter(_one_transfer(remote))
+    else:  # pragma: no cover - ids on two accelerators: not something a composite queues
+        copies = iter([c.to(_CPU) for c in remote])
+    return [c if c.device.type == "cpu" else next(copies) for c in calls]
+
+
+def _one_transfer(calls: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Host copies of same-device ``calls``, as views of one copy made by one transfer."""
     whole = (calls[0] if len(calls) == 1 else torch.cat(calls)).to(_CPU)
     return list(whole.split_with_sizes([c.numel() for c in calls]))
 
