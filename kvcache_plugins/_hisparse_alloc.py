@@ -115,10 +115,9 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         """
         if pages.numel() == 0:
             return
-        got = self._device.alloc(pages.numel() * self.page_size)
-        if got is None:  # pragma: no cover - callers check room first
+        dev_pages = self._device._alloc_pages(pages.numel())  # host ids: nothing read back
+        if dev_pages is None:  # pragma: no cover - callers check room first
             raise AllocatorError("device side ran out of pages during a checked allocation")
-        dev_pages = got.to(_CPU)[:: self.page_size] // self.page_size
         self._page_map[pages] = dev_pages
         table = self.logical_to_device
         table[self._slots_of(pages).to(table.device)] = self._slots_of(dev_pages).to(table.device)
@@ -162,12 +161,14 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         pages = self._logical._pages_for(need_size)
         if not self._device_room(pages):
             return None
-        slots = self._logical.alloc(need_size)
-        if slots is not None:
-            # Fresh whole pages, each once, none resident: a free logical page never is (its
-            # residency goes when its free settles, and it is handed out only after that).
-            self._make_resident(slots.to(_CPU)[:: self.page_size] // self.page_size)
-        return slots
+        pages_taken = self._logical._alloc_pages(pages)  # host ids: nothing read back
+        if pages_taken is None:
+            return None
+        # Fresh whole pages, each once, none resident: a free logical page never is (its
+        # residency goes when its free settles, and it is handed out only after that).
+        self._make_resident(pages_taken)
+        slots = self._slots_of(pages_taken)
+        return slots if self.device.type == "cpu" else slots.to(self.device)
 
     def alloc_extend(
         self,

@@ -311,7 +311,8 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
     - :meth:`_enqueue`: queue a call the composite owns, checked at the settle like a
       ``free``; :meth:`_settle_if_due` settles when the queue reached its bound.
     - :meth:`_settle`: check and merge the queue now; :meth:`_reserve`: whether ``pages``
-      are free, settling only when the stack is short.
+      are free, settling only when the stack is short; :meth:`_alloc_pages`: ``alloc`` that
+      returns host page ids.
     - :meth:`_allocated`: which slots lie in handed-out pages (queued frees not counted).
     - :meth:`_pages_for`, :meth:`_extend_plan`, :meth:`_decode_plan`: check an ``alloc*``
       call without changing anything. :attr:`_check_every_last_loc`: see ``__init__``.
@@ -457,6 +458,15 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
         if page_size != 1:
             ids = self._slots_of(ids)
         return ids if self._on_host else ids.to(self.device)
+
+    def _alloc_pages(self, pages: int) -> torch.Tensor | None:
+        """``pages`` free page ids on the host, or None (taking nothing) when they do not fit:
+        what :meth:`alloc` hands out before it becomes slots on the device. For composites
+        that keep host tables, so that they need not copy the slots back (a host sync). The
+        result is a view of the free stack: never write it."""
+        if not self._reserve(pages):
+            return None
+        return self._free.take(pages)
 
     def _pages_for(self, need_size: int) -> int:
         """The pages ``alloc(need_size)`` takes, or the error a bad ``need_size`` gets

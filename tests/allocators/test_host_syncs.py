@@ -117,3 +117,13 @@ def test_composite_settle_syncs_per_batch_not_per_call(make, page_size):
         alloc.check_frees()
     assert len(DeviceIds.syncs) <= 3, DeviceIds.syncs
     assert alloc.available_size() == 64
+
+
+def test_hisparse_alloc_reads_nothing_back():
+    """``alloc(n)`` takes host page ids from both sides (the slots it returns go to the device
+    as a copy, not back): no sync, even with the sides' own slots on the device."""
+    alloc = _hisparse(4)
+    for side in (alloc._logical, alloc._device):
+        side.alloc = lambda n, _alloc=side.alloc: as_device(_alloc(n))  # type: ignore[method-assign]
+    assert count_host_syncs(lambda: alloc.alloc(8)) == []
+    assert alloc.available_size() == 56
