@@ -350,10 +350,12 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         # Applied ids are valid and no page is in two applied calls, so no filtering is
         # needed; a page named by several slots of one call is looked up several times, which
         # the page table and the device side (several slots of one page in one call) accept.
+        # (index_select/index_fill_/masked_select, not indexing with [], which on a batch this
+        # size runs on torch's thread pool, whose wake-up on a busy host costs milliseconds)
         pages = whole if P == 1 else torch.div(whole, P, rounding_mode="floor")
-        dev = self._page_map[pages]
-        self._page_map[pages] = -1
-        dev = dev[dev >= 0]  # the resident ones
+        dev = torch.index_select(self._page_map, 0, pages)
+        self._page_map.index_fill_(0, pages, -1)
+        dev = torch.masked_select(dev, dev >= 0)  # the resident ones
         if dev.numel():
             self._device.free(self._slots_of(dev).to(self.device))
 

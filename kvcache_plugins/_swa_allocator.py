@@ -438,7 +438,7 @@ class SWASlotAllocator(FreeGroup):
                 back_window.append(window[back])
                 # a rejected call may name a slot twice (that is why it was rejected)
                 window = torch.unique(window[~back])
-            release.append(window[window > 0])
+            release.append(torch.masked_select(window, window > 0))
         if back_rows:
             rows, window = torch.cat(back_rows), torch.cat(back_window)
             if rows.numel():

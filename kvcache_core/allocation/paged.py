@@ -255,7 +255,7 @@ class _FreeIds:
             raise DoubleFreeError(f"{what} {int(ids[first != last][0])} is freed twice")
         order = torch.arange(ids.numel(), dtype=torch.int64)
         lowest, _ = self._spread(ids, order)
-        return ids[lowest == order]
+        return torch.masked_select(ids, lowest == order)  # not ids[...]: see _MAX_PENDING_IDS
 
     def _raise_out_of_range(self, ids: torch.Tensor, what: str, only_if_bad: bool = False) -> None:
         low, high = (int(v) for v in torch.aminmax(ids))
