@@ -12,7 +12,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-__all__ = ["figure", "interleaved", "median_of"]
+__all__ = ["figure", "informational", "interleaved", "median_of"]
 
 
 def interleaved(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, list[float]]:
@@ -48,6 +48,19 @@ def figure(
     line = (
         f"  {label:<30} {ours:>14}   vs {baseline:<28} ratio {ratio:5.2f}x   "
         f"target {sign} {target:.2f}x   {'meets' if met else 'MISSES'}"
+    )
+    if note:
+        line += f"   ({note})"
+    print(line)
+    return line
+
+
+def informational(label: str, ours: str, baseline: str, ratio: float, *, note: str = "") -> str:
+    """Print and return a figure line that has no target (the issue sets none): the same
+    columns as :func:`figure`, with ``no target`` where the verdict would be."""
+    line = (
+        f"  {label:<30} {ours:>14}   vs {baseline:<28} ratio {ratio:5.2f}x   "
+        f"{'(no target: informational)':<28}"
     )
     if note:
         line += f"   ({note})"

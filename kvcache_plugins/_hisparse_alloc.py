@@ -12,12 +12,15 @@ tokens are written through to the device), or None, consuming nothing, unless bo
 ``available_size`` is therefore the smaller side. The extras: ``alloc_logical_only``,
 ``alloc_device`` (make already-allocated logical slots resident), ``free_device``.
 
-Freeing follows the logical side's verdict. ``free`` drops residency in the tables at once (the
-pages may not be read through them any more) but keeps the device pages aside with the call; the
-logical side checks its queued calls in a batch and reports each call's verdict when it settles
-(:meth:`HiSparseSlotAllocator._residency_settled`): an applied call's device pages are freed, a
-rejected call's residency is put back. So a double free found late (at the queue bound, in a
-free group) neither leaks device pages nor leaves a free logical page marked resident.
+Freeing follows the logical side's verdict. ``free`` drops residency in the device table at once
+(the pages may not be read through it any more), without reading the ids back (no host sync);
+the host page table still names the device pages until the logical side, which checks its
+queued calls in a batch, reports each call's verdict when it settles
+(:meth:`HiSparseSlotAllocator._residency_settled`): an applied call's device pages are freed and
+its pages leave the host table, a rejected call's device table rows are put back. So a bad free
+found late (at the queue bound, in a free group) neither leaks device pages nor leaves a free
+logical page marked resident. A free logical page is never resident once its free settled, which
+is why ``alloc`` can make its fresh pages resident without looking them up.
 """
 
 from __future__ import annotations
@@ -61,9 +64,6 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         self._logical = PagedSlotAllocator(self.size, self.page_size, kvcache, self.device)
         self._device = PagedSlotAllocator(self.device_size, self.page_size, kvcache, self.device)
         self._logical._on_settled = self._residency_settled
-        # Queued logical free call (by identity) -> (logical pages whose residency it dropped,
-        # their device pages), until the logical side's verdict on the call.
-        self._held: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self._offsets = torch.arange(self.page_size, dtype=torch.int64)
         # Host truth: logical page -> device page (-1 = not resident); page 0 is padding.
         self._page_map = torch.full((self.size // self.page_size + 1,), -1, dtype=torch.int64)
@@ -115,10 +115,9 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         """
         if pages.numel() == 0:
             return
-        got = self._device.alloc(pages.numel() * self.page_size)
-        if got is None:  # pragma: no cover - callers check room first
+        dev_pages = self._device._alloc_pages(pages.numel())  # host ids: nothing read back
+        if dev_pages is None:  # pragma: no cover - callers check room first
             raise AllocatorError("device side ran out of pages during a checked allocation")
-        dev_pages = got.to(_CPU)[:: self.page_size] // self.page_size
         self._page_map[pages] = dev_pages
         table = self.logical_to_device
         table[self._slots_of(pages).to(table.device)] = self._slots_of(dev_pages).to(table.device)
@@ -137,7 +136,13 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         return torch.tensor(pages, dtype=torch.int64)
 
     def _device_room(self, pages: int) -> bool:
-        return pages * self.page_size <= self.device_available_size()
+        """Whether the device side has ``pages`` free pages. Queued frees are settled only when
+        it is short (the logical side first: its verdicts release device pages), as the plain
+        allocator's ``alloc`` does."""
+        if self._device._reserve(pages):
+            return True
+        self._logical._settle()
+        return self._device._reserve(pages)
 
     def _last_pages_needing_device(self, lasts: list[int], partial: list[bool]) -> int:
         pages = [last // self.page_size for last, p in zip(lasts, partial, strict=True) if p]
@@ -156,10 +161,14 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         pages = self._logical._pages_for(need_size)
         if not self._device_room(pages):
             return None
-        slots = self._logical.alloc(need_size)
-        if slots is not None:
-            self._make_resident(self._non_resident(slots.to(_CPU) // self.page_size))
-        return slots
+        pages_taken = self._logical._alloc_pages(pages)  # host ids: nothing read back
+        if pages_taken is None:
+            return None
+        # Fresh whole pages, each once, none resident: a free logical page never is (its
+        # residency goes when its free settles, and it is handed out only after that).
+        self._make_resident(pages_taken)
+        slots = self._slots_of(pages_taken)
+        return slots if self.device.type == "cpu" else slots.to(self.device)
 
     def alloc_extend(
         self,
@@ -245,8 +254,9 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         allocated and their content stays in the logical store."""
         slots = check_slots(logical, limit=self.size + self.page_size, name="logical")
         pages = torch.unique(slots.to(_CPU) // self.page_size)
-        if self._held:
-            self._evict_held(pages)
+        # A page whose free is still queued is resident in the host page table until the
+        # settle: dropping it here frees its device page now, and the settle then finds it
+        # non-resident, whatever its verdict (a rollback must not bring residency back).
         pages = pages[(pages > 0) & (self._page_map[pages] >= 0)]
         if pages.numel() == 0:
             return
@@ -255,24 +265,16 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         table = self.logical_to_device
         table[self._slots_of(pages).to(table.device)] = -1
 
-    def _evict_held(self, pages: torch.Tensor) -> None:
-        """Device pages that queued free calls hold for ``pages`` go now: whatever the logical
-        side's verdict, residency was just dropped, so a rollback must not bring it back."""
-        for key, (call, held, dev_pages) in list(self._held.items()):
-            gone = torch.isin(held, pages)
-            if bool(gone.any()):
-                self._device.free(self._slots_of(dev_pages[gone]).to(self.device))
-                self._held[key] = (call, held[~gone], dev_pages[~gone])
-
     def free(self, indices: torch.Tensor) -> None:
         """Free logical slots (their whole pages) and the device pages those pages held.
 
-        Unlike the plain allocator this reads the ids at once: residency is dropped from the
-        tables now, and the truth is a host page table. With the ids on an accelerator that is
-        one host sync per call, the copy of the ids to the host; the range check runs on that
-        copy (pinned by tests/allocators/test_host_syncs.py). Range and slot 0 are checked
-        here; double frees surface from the logical allocator's batch check, and then the
-        call's residency is put back (see the module doc).
+        No host sync: nothing here reads the ids back. The device table rows of the named
+        pages become -1 at once, on the table's device, so nothing reads through them any
+        more; ids out of range (or in page 0) take no part in that. The host page table and
+        the device pages are settled with the logical side's verdicts (see the module doc):
+        an applied call's device pages are freed, a rejected call's table rows are put back.
+        Range, page 0 and double frees are checked there, at the next settle, like the plain
+        allocator's. Pinned by tests/allocators/test_host_syncs.py.
         """
         if self._collect(indices):
             return
@@ -283,17 +285,19 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         slots = check_slots(indices, limit=limit, name="indices", check_values=False)
         if slots.numel() == 0:
             return
-        # The one host sync: the host page table needs the ids. The range and slot-0 checks
-        # then run on the host copy, where they cost no second sync.
-        host = slots.to(_CPU)
-        check_slots(host, limit=limit, name="indices")
         call = slots.clone()  # owned: the caller may reuse ``indices``
-        pages = torch.unique(host // self.page_size)
-        pages = pages[(pages > 0) & (self._page_map[pages] >= 0)]  # page 0 is padding
-        if pages.numel():
-            # the call itself is kept too: it keeps its id unique while held
-            self._held[id(call)] = (call, pages, self._page_map[pages].clone())
-            self._set_residency(pages, None)
+        table = self.logical_to_device
+        ids = call if call.device == table.device else call.to(table.device)
+        P = self.page_size
+        valid = (ids >= P) & (ids < limit)  # page 0 is padding
+        if P == 1:
+            rows, keep = torch.where(valid, ids, 0), valid
+        else:
+            pages = torch.div(torch.where(valid, ids, 0), P, rounding_mode="floor")
+            rows = (pages[:, None] * P + self._offsets.to(table.device)).reshape(-1)
+            keep = valid.repeat_interleave(P)
+        # Drop residency of valid rows; an invalid id was sent to page 0 and writes it back.
+        table[rows] = torch.where(keep, -1, table[rows])
         self._logical._enqueue(call, settle_if_due=settle_if_due)
 
     def _free_calls(self, calls: list[torch.Tensor]) -> None:
@@ -315,26 +319,44 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
             self._page_map[pages] = dev_pages
             table[slots] = self._slots_of(dev_pages).to(table.device)
 
-    def _residency_settled(self, calls: list[torch.Tensor], rejected: frozenset[int]) -> None:
-        """The logical side's verdicts: free the device pages of applied calls; make rejected
-        calls' pages resident again where the logical page is still held and nothing made it
-        resident since (a later call of the batch may have freed it: then its device page
-        goes)."""
-        release: list[torch.Tensor] = []
-        for number, call in enumerate(calls):
-            entry = self._held.pop(id(call), None)
-            if entry is None or entry[0] is not call:
-                continue
-            _, pages, dev_pages = entry
-            if number in rejected:
-                held = self._logical._allocated(pages * self.page_size).to(_CPU)
-                back = held & (self._page_map[pages] < 0)
-                self._set_residency(pages[back], dev_pages[back])
-                dev_pages = dev_pages[~back]
-            if dev_pages.numel():
-                release.append(dev_pages)
-        if release:
-            dev = release[0] if len(release) == 1 else torch.cat(release)
+    def _residency_settled(
+        self, calls: list[torch.Tensor], host: list[torch.Tensor], rejected: frozenset[int]
+    ) -> None:
+        """The logical side's verdicts. Applied calls: their resident pages lose their device
+        pages (freed) in the host page table. Rejected calls: their pages that are still held
+        and still resident get their device table rows back (a later call of the batch may have
+        freed the page: then that call's verdict decides; ``free_device`` may have dropped the
+        residency since: then it stays dropped).
+
+        Host syncs: one, the host copy of the batch (already made by the logical side's settle
+        on an accelerator, so free there)."""
+        if not calls:
+            return
+        P, limit = self.page_size, self._page_map.numel()
+        whole = (host[0] if len(host) == 1 else torch.cat(host)).to(_CPU)
+        if rejected:
+            parts = whole.split_with_sizes([c.numel() for c in host])
+            for i in sorted(rejected):
+                pages: torch.Tensor = torch.unique(torch.div(parts[i], P, rounding_mode="floor"))
+                pages = pages[(pages > 0) & (pages < limit)]
+                pages = pages[self._page_map[pages] >= 0]
+                pages = pages[self._logical._allocated(pages * P)]
+                if pages.numel():
+                    self._set_residency(pages, self._page_map[pages].clone())
+            applied = [p for i, p in enumerate(parts) if i not in rejected]
+            if not applied:
+                return
+            whole = torch.cat(applied)
+        # Applied ids are valid and no page is in two applied calls, so no filtering is
+        # needed; a page named by several slots of one call is looked up several times, which
+        # the page table and the device side (several slots of one page in one call) accept.
+        # (index_select/index_fill_/masked_select, not indexing with [], which on a batch this
+        # size runs on torch's thread pool, whose wake-up on a busy host costs milliseconds)
+        pages = whole if P == 1 else torch.div(whole, P, rounding_mode="floor")
+        dev = torch.index_select(self._page_map, 0, pages)
+        self._page_map.index_fill_(0, pages, -1)
+        dev = torch.masked_select(dev, dev >= 0)  # the resident ones
+        if dev.numel():
             self._device.free(self._slots_of(dev).to(self.device))
 
     def check_frees(self) -> None:
@@ -372,8 +394,7 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         ):
             raise AllocatorError("restore_state got a state this allocator did not back up")
         before = self._page_map.clone()
-        self._logical.restore_state(state[2])  # drops queued frees: so do we
-        self._held.clear()
+        self._logical.restore_state(state[2])  # drops queued frees (their table rows too)
         self._device.restore_state(state[3])
         self._page_map.copy_(state[4])
         self._forget_collected()
@@ -390,7 +411,6 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
 
     def clear(self) -> None:
         """Free every logical and device slot but the reserved page 0; nothing stays resident."""
-        self._held.clear()
         self._logical.clear()
         self._device.clear()
         self._group = None

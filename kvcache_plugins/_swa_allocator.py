@@ -11,11 +11,13 @@ exactly (gives masked tokens without a window slot one, takes it from unmasked t
 then lets the pool write. A shortage of window slots raises before anything changes.
 
 Freeing follows the full side's verdict. ``free`` clears the table entries at once (nothing may
-write through them any more) but keeps the window slots aside with the call; the full side
-checks its queued calls in a batch, and when it settles it reports each call's verdict
-(:meth:`_window_settled`): an applied call's window slots are freed, a rejected call's entries
-are put back. So a double free found late (at the queue bound, in a free group) never leaves a
-window slot without an owner, and a rejected call changes nothing on either side.
+write through them any more) but keeps the window slots aside with the call, without reading
+the ids back (no host sync: ids out of range or 0 just take no part); the full side checks its
+queued calls in a batch (range, slot 0, double frees), and when it settles it reports each
+call's verdict (:meth:`_window_settled`, which reads what the whole batch holds in one copy):
+an applied call's window slots are freed, a rejected call's entries are put back. So a bad
+free found late (at the queue bound, in a free group) never leaves a window slot without an
+owner, and a rejected call changes nothing on either side.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ import torch
 
 from kvcache_core import (
     AllocatorError,
-    DoubleFreeError,
     FreeGroup,
     KVPool,
     KVSnapshot,
@@ -38,6 +39,24 @@ from ._swa_pool import SWAKVPool
 __all__ = ["SWASlotAllocator"]
 
 _CPU = torch.device("cpu")
+
+
+def _host_pairs(
+    pairs: list[tuple[torch.Tensor, torch.Tensor]],
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Host copies of same-length tensor pairs, with one device -> host transfer for all."""
+    sizes = [a.numel() for a, _ in pairs]
+    whole = torch.cat([torch.stack(pair) for pair in pairs], dim=1).to(_CPU)
+    return [(part[0], part[1]) for part in whole.split_with_sizes(sizes, dim=1)]
+
+
+def _host_read(table: torch.Tensor, rows: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``table[r]`` on the host for every host ``r``, with one transfer for all of them."""
+    sizes = [r.numel() for r in rows]
+    if not rows:
+        return []
+    whole = table[torch.cat(rows).to(table.device)].to(_CPU)
+    return list(whole.split_with_sizes(sizes))
 
 
 def _ceil_div(a: torch.Tensor, b: int) -> torch.Tensor:
@@ -105,7 +124,9 @@ class SWASlotAllocator(FreeGroup):
     # -- the table ----------------------------------------------------------------------------
     def _record(self, full: torch.Tensor, swa: torch.Tensor) -> None:
         mapping = self.full_to_swa_index_mapping
-        mapping[full.to(mapping.device)] = swa.to(mapping.device)
+        device = mapping.device
+        full = full if full.device == device else full.to(device)
+        mapping[full] = swa if swa.device == device else swa.to(device)
 
     def translate_loc_from_full_to_swa(self, kv_indices: torch.Tensor) -> torch.Tensor:
         """Window slots of full slots (0: none; -1, an absent ``last_loc``, stays -1)."""
@@ -191,7 +212,7 @@ class SWASlotAllocator(FreeGroup):
                 f"need_size must be a non-negative multiple of page_size {self.page_size}, "
                 f"got {need_size}"
             )
-        if need_size > self.available_size():
+        if not self._room(need_size // self.page_size):
             return None
         full = self.full_attn_allocator.alloc(need_size)
         swa = self.swa_attn_allocator.alloc(need_size)
@@ -207,8 +228,17 @@ class SWASlotAllocator(FreeGroup):
             raise AllocatorError(f"last_loc values must be -1 or a slot in [1, {rows})")
         return self.translate_loc_from_full_to_swa(last)
 
-    def _pages_free(self) -> int:
-        return min(self.full_available_size(), self.swa_available_size()) // self.page_size
+    def _room(self, pages: int) -> bool:
+        """Whether both sides have ``pages`` free pages. Queued frees are settled only when a
+        side is short, as the plain allocator's ``alloc`` does (the full side first: its
+        verdicts release window slots), so an alloc with room reads nothing back."""
+        full, window = self.full_attn_allocator, self.swa_attn_allocator
+        if not full._reserve(pages):
+            return False
+        if window._reserve(pages):
+            return True
+        full._settle()
+        return window._reserve(pages)
 
     def _undo_new_pages(
         self, side: PagedSlotAllocator, out: torch.Tensor, last_loc: torch.Tensor
@@ -237,7 +267,7 @@ class SWASlotAllocator(FreeGroup):
         # The real last_loc is checked before either side moves (a stale one raises here).
         self.full_attn_allocator._extend_plan(prefix_lens, seq_lens, last_loc, extend_num_tokens)
         need = int((_ceil_div(seq_lens.long(), P) - _ceil_div(prefix_lens.long(), P)).sum())
-        if need > self._pages_free():
+        if not self._room(need):
             return None
         # The window side first: its last_loc (a translated one) is the likelier to be invalid.
         swa = self.swa_attn_allocator.alloc_extend(
@@ -264,7 +294,7 @@ class SWASlotAllocator(FreeGroup):
         # The real last_loc is checked before either side moves (a stale one raises here).
         self.full_attn_allocator._decode_plan(seq_lens, last_loc)
         need = int(((seq_lens.long() - 1) % self.page_size == 0).sum())
-        if need > self._pages_free():
+        if not self._room(need):
             return None
         swa = self.swa_attn_allocator.alloc_decode(seq_lens, swa_last)
         if swa is None:
@@ -306,25 +336,25 @@ class SWASlotAllocator(FreeGroup):
     def _evict_held(self, slots: torch.Tensor) -> None:
         """Window slots that queued free calls hold for ``slots`` go now: whatever the full
         side's verdict, these tokens were just evicted, so a rollback must not bring them back."""
-        for key, (call, cleared, window) in list(self._held.items()):
-            gone = torch.isin(cleared, slots)
+        for key, (call, rows, window) in list(self._held.items()):
+            gone = torch.isin(rows, slots) & (window > 0)
             if bool(gone.any()):
-                # unique: a call rejected for naming a slot twice holds its window slot twice
+                # unique: a call may name a slot twice (it is then rejected) and, paged, the
+                # slots of one page, which all read the page's window slots
                 self.swa_attn_allocator.free(torch.unique(window[gone]))
-                self._held[key] = (call, cleared[~gone], window[~gone])
+                self._held[key] = (call, rows, torch.where(gone, 0, window))
 
     def free(self, indices: torch.Tensor) -> None:
         """Release full slots and, with them, any window slots they still hold.
 
-        The slots are range-checked here (the window side must read the table at them); a
-        double free of a full slot surfaces when the full side checks its queued frees, and
-        then the call's window slots are kept (see the module doc).
-
-        Host syncs when the ids live on an accelerator (pinned by
-        tests/allocators/test_host_syncs.py): one read for the range and slot-0 checks
-        together, one ``nonzero`` for the tokens holding a window slot, and a ``unique`` when
-        paged. Why not queued like the plain allocator: the table entries are cleared now, and
-        which window slots the call releases decides what :attr:`_held` keeps for a rollback.
+        No host sync: nothing here reads the ids back. The table entries of the call's tokens
+        (whole pages when paged) are cleared at once on the table's device, and the window
+        slots they held are kept aside with the call, all by plain tensor ops; ids out of range
+        (or slot 0) take no part in that and are left to the full side, which checks every
+        queued call in a batch (range, slot 0, double frees) and reports each call's verdict
+        (see the module doc). So a bad call raises at the next settle, like a double free of the
+        plain allocator, and changes nothing on either side. Pinned by
+        tests/allocators/test_host_syncs.py.
         """
         if self._collect(indices):
             return
@@ -332,29 +362,22 @@ class SWASlotAllocator(FreeGroup):
 
     def _free_one(self, indices: torch.Tensor, *, settle_if_due: bool) -> None:
         mapping = self.full_to_swa_index_mapping
-        limit = self.full_size + self.page_size
         slots = check_slots(
-            indices, limit=limit, allow_zero=True, device=mapping.device, check_values=False
+            indices,
+            limit=self.full_size + self.page_size,
+            allow_zero=True,
+            device=mapping.device,
+            check_values=False,  # dtype and rank only: the values are the settle's to check
         )
         if slots.numel() == 0:
             return
-        # Range and slot 0 in one read (one sync on an accelerator, not two).
-        out_of_range, zero = torch.stack(
-            [((slots < 0) | (slots >= limit)).any(), (slots == 0).any()]
-        ).tolist()
-        if out_of_range:
-            check_slots(slots, limit=limit, allow_zero=True)  # raises, naming the slot
-        if zero:
-            raise DoubleFreeError("slot 0 is reserved and is never allocated")
         call = slots.clone()  # owned: the caller may reuse ``indices``
-        cleared = self._page_slots(call)
-        window = mapping[cleared]
-        # Positions holding a window slot: one read gives both "any?" and the selection.
-        held = (window > 0).nonzero().reshape(-1)
-        if held.numel():
-            cleared, window = cleared[held], window[held]
-            mapping[cleared] = 0
-            self._held[id(call)] = (call, cleared, window)  # the call keeps its id unique
+        rows, valid = self._rows_of(call)
+        before = mapping[rows]
+        # Clear the valid rows; an invalid id was sent to row 0 (always 0) and writes it back.
+        mapping[rows] = torch.where(valid, 0, before)
+        window = torch.where(valid, before, 0)  # what the call holds (0: nothing)
+        self._held[id(call)] = (call, rows, window)  # the call keeps its id unique while held
         self.full_attn_allocator._enqueue(call, settle_if_due=settle_if_due)
 
     def _free_calls(self, calls: list[torch.Tensor]) -> None:
@@ -365,35 +388,64 @@ class SWASlotAllocator(FreeGroup):
             self.full_attn_allocator._settle_if_due,
         )
 
-    def _page_slots(self, slots: torch.Tensor) -> torch.Tensor:
-        """``slots`` grown to whole pages (a window page belongs to one full page)."""
+    def _rows_of(self, call: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The table rows a free call clears (whole pages when paged: a window page belongs to
+        one full page) and which of them are valid, without reading the ids: an id out of range
+        or 0 becomes row 0 with ``valid`` False, and a page named by several ids appears
+        several times."""
         P = self.page_size
+        valid = (call > 0) & (call < self.full_size + P)
+        safe = torch.where(valid, call, 0)
         if P == 1:
-            return slots
-        pages: torch.Tensor = torch.unique(torch.div(slots, P, rounding_mode="floor"))
-        return (pages[:, None] * P + torch.arange(P, device=slots.device)).reshape(-1)
+            return safe, valid
+        offsets = torch.arange(P, device=call.device)
+        rows = (torch.div(safe, P, rounding_mode="floor")[:, None] * P + offsets).reshape(-1)
+        return rows, valid.repeat_interleave(P)
 
-    def _window_settled(self, calls: list[torch.Tensor], rejected: frozenset[int]) -> None:
+    def _window_settled(
+        self, calls: list[torch.Tensor], _host: list[torch.Tensor], rejected: frozenset[int]
+    ) -> None:
         """The full side's verdicts: free the window slots of applied calls; put back the table
         entries of rejected ones, where the full slot is still held and nothing was recorded
-        there since (a later call of the batch may have freed it: then its window slot goes)."""
+        there since (a later call of the batch may have freed it: then its window slot goes).
+
+        Host syncs: one read of what every call of the batch holds, plus, only when a call was
+        rejected, one read of the table at the rejected calls' rows."""
         mapping = self.full_to_swa_index_mapping
-        release: list[torch.Tensor] = []
+        entries: list[tuple[int, torch.Tensor, torch.Tensor]] = []
         for number, call in enumerate(calls):
             entry = self._held.pop(id(call), None)
-            if entry is None or entry[0] is not call:
-                continue
-            _, cleared, window = entry
+            if entry is not None and entry[0] is call:
+                entries.append((number, entry[1], entry[2]))
+        if not entries:
+            return
+        held = _host_pairs([(rows, window) for _, rows, window in entries])
+        release: list[torch.Tensor] = []
+        back_rows: list[torch.Tensor] = []
+        back_window: list[torch.Tensor] = []
+        bad: list[int] = []
+        now: list[torch.Tensor] = []
+        if rejected:
+            bad = [i for i, (number, _, _) in enumerate(entries) if number in rejected]
+            now = _host_read(mapping, [held[i][0] for i in bad])
+        for i, (number, _, _) in enumerate(entries):
+            rows, window = held[i]
             if number in rejected:
-                held = self.full_attn_allocator._allocated(cleared.to(_CPU)).to(mapping.device)
-                back = held & (mapping[cleared] == 0)
-                mapping[cleared[back]] = window[back]
+                current = now[bad.index(i)]
+                alive = self.full_attn_allocator._allocated(rows)
+                back = (window > 0) & alive & (current == 0)
+                back_rows.append(rows[back])
+                back_window.append(window[back])
                 # a rejected call may name a slot twice (that is why it was rejected)
                 window = torch.unique(window[~back])
-            if window.numel():
-                release.append(window)
-        if release:
-            self.swa_attn_allocator.free(release[0] if len(release) == 1 else torch.cat(release))
+            release.append(torch.masked_select(window, window > 0))
+        if back_rows:
+            rows, window = torch.cat(back_rows), torch.cat(back_window)
+            if rows.numel():
+                mapping[rows.to(mapping.device)] = window.to(mapping.device)
+        freed = torch.cat(release)
+        if freed.numel():
+            self.swa_attn_allocator.free(freed)
 
     # -- state --------------------------------------------------------------------------------
     def backup_state(self) -> object:

@@ -14,10 +14,16 @@ and on an accelerator it would synchronise the device. ``free`` therefore only q
 the queue is checked and merged in one vectorised pass when the allocator next needs its free set
 (an ``alloc`` that runs short, ``available_size``, ``backup_state``, ``check_frees``, an
 ``alloc_decode``/``alloc_extend`` that must check a ``last_loc``) or when the queue grows past a
-bound. A bad free (double free, slot 0, out of range) is then rejected as a whole with a
-:class:`DoubleFreeError`/:class:`InvalidSlotError` naming the slot; every other queued free is
-applied, so nothing is lost. ``eager_checks=True`` checks each host-side free on the spot instead
-(for debugging: the error points at the call).
+bound (128 calls or 16384 ids). A bad free (double free, slot 0, out of range) is then rejected
+as a whole with a :class:`DoubleFreeError`/:class:`InvalidSlotError` naming the slot; every
+other queued free is applied, so nothing is lost. ``eager_checks=True`` checks each host-side
+free on the spot instead (for debugging: the error points at the call).
+
+What a settle costs (the hot path, measured in ``benchmarks/_allocator.py``): one
+``torch.cat`` of the queued calls and one of the ids handed out since the last settle, one
+``index_add_`` for each (the range check is ``index_add_``'s own), and one maximum over the
+marks. ``free`` itself is one copy of the ids (``clone``: the caller may reuse its tensor) and
+a list append; an ``alloc`` of the size just freed pops that copy without any torch call.
 
 The limit of checking late: the check sees the free set as it is at the settle, not as it was at
 the call. Freeing an id twice while its first free is still queued is always caught; but freeing
@@ -54,6 +60,37 @@ _CPU = torch.device("cpu")
 _INDEX_DTYPES = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8})
 #: Queued free calls that trigger a merge (bounds memory and how late an error surfaces).
 _MAX_PENDING_CALLS = 128
+#: Queued ids that trigger a merge. Why: torch runs an op on more than 32768 elements on its
+#: intra-op thread pool, and on a busy host waking the pool's idle threads can take
+#: milliseconds (a scheduler tick), hundreds of times the op itself. Keeping every bulk
+#: operation of a settle below that size keeps the bookkeeping on the calling thread.
+_MAX_PENDING_IDS = 16384
+#: Below this many elements a torch op runs on the calling thread (torch's grain size).
+_SERIAL_OP_SIZE = 32768
+_TENSOR = torch.Tensor
+_INT64 = torch.int64
+
+
+def _to_host(calls: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Host copies of queued calls with one device -> host transfer (one sync) for all of them.
+
+    The pieces are views of one fresh tensor that nothing writes again, so they can be pushed
+    as chunks of the free stack like any owned call."""
+    if all(c.device == calls[0].device for c in calls):
+        return _one_transfer(calls)
+    # A composite queued host ids too (the window side gets both): one transfer for the rest.
+    remote = [c for c in calls if c.device.type != "cpu"]
+    if all(c.device == remote[0].device for c in remote):
+        copies = iter(_one_transfer(remote))
+    else:  # pragma: no cover - ids on two accelerators: not something a composite queues
+        copies = iter([c.to(_CPU) for c in remote])
+    return [c if c.device.type == "cpu" else next(copies) for c in calls]
+
+
+def _one_transfer(calls: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Host copies of same-device ``calls``, as views of one copy made by one transfer."""
+    whole = (calls[0] if len(calls) == 1 else torch.cat(calls)).to(_CPU)
+    return list(whole.split_with_sizes([c.numel() for c in calls]))
 
 
 class _FreeIds:
@@ -75,9 +112,8 @@ class _FreeIds:
         self.count = count
         self.is_free = torch.ones(count + 1, dtype=torch.int32)
         self._ones = torch.ones(count + 1, dtype=torch.int32)
-        self._minus_ones = -self._ones
-        self._low = torch.empty(count + 1, dtype=torch.int64)  # scratch for de-duplication
-        self._high = torch.empty(count + 1, dtype=torch.int64)
+        # scratch for de-duplicating pages, made on first use (a token allocator never needs it)
+        self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None
         self._chunks: list[torch.Tensor] = []
         self._start = 0
         self._taken: list[torch.Tensor] = []
@@ -125,27 +161,32 @@ class _FreeIds:
         self._taken.append(ids)
         return ids
 
-    def _signs(self, n: int, sign: int) -> torch.Tensor:
-        """``n`` values of ``sign`` (views of preallocated buffers when they are long enough)."""
-        source = self._ones if sign > 0 else self._minus_ones
-        if n <= source.numel():
-            return source.narrow(0, 0, n)
-        return torch.full((n,), sign, dtype=torch.int32)
+    def _ones_of(self, n: int) -> torch.Tensor:
+        """``n`` ones (a view of a preallocated buffer when it is long enough)."""
+        if n <= self._ones.numel():
+            return self._ones.narrow(0, 0, n)
+        return torch.ones(n, dtype=torch.int32)
 
     def sync_marks(self) -> None:
         """Mark everything handed out since the last sync as not free."""
         if self._taken:
             taken = self._taken[0] if len(self._taken) == 1 else torch.cat(self._taken)
             self._taken.clear()
-            self.is_free.index_add_(0, taken, self._signs(taken.numel(), -1))
+            self.is_free.index_add_(0, taken, self._ones_of(taken.numel()), alpha=-1)
 
     def _spread(self, ids: torch.Tensor, groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """For every position, the lowest and highest group id that names the same id."""
-        self._low.index_fill_(0, ids, groups.numel())
-        self._low.scatter_reduce_(0, ids, groups, reduce="amin")
-        self._high.index_fill_(0, ids, -1)
-        self._high.scatter_reduce_(0, ids, groups, reduce="amax")
-        return torch.index_select(self._low, 0, ids), torch.index_select(self._high, 0, ids)
+        if self._scratch is None:
+            self._scratch = (
+                torch.empty(self.count + 1, dtype=torch.int64),
+                torch.empty(self.count + 1, dtype=torch.int64),
+            )
+        low, high = self._scratch
+        low.index_fill_(0, ids, groups.numel())
+        low.scatter_reduce_(0, ids, groups, reduce="amin")
+        high.index_fill_(0, ids, -1)
+        high.scatter_reduce_(0, ids, groups, reduce="amax")
+        return torch.index_select(low, 0, ids), torch.index_select(high, 0, ids)
 
     def give_back(
         self,
@@ -165,14 +206,30 @@ class _FreeIds:
         """
         if ids.numel() == 0:
             return
-        self._raise_out_of_range(ids, what, only_if_bad=True)
         if groups is not None:
+            self._raise_out_of_range(ids, what, only_if_bad=True)
             ids = self._one_per_page(ids, groups, what=what)
         self.sync_marks()
         n = ids.numel()
-        self.is_free.index_add_(0, ids, self._signs(n, +1))
-        if bool((torch.index_select(self.is_free, 0, ids) != 1).any()):
-            self.is_free.index_add_(0, ids, self._signs(n, -1))  # undo exactly
+        is_free = self.is_free
+        try:
+            # The range check is index_add_'s own: it refuses any id outside 0..count.
+            is_free.index_add_(0, ids, self._ones_of(n))
+        except (IndexError, RuntimeError):
+            # It may have applied the ids before the bad one: rebuild the marks from the stack
+            # (the truth), then name the bad id.
+            self._rebuild_marks()
+            self._raise_out_of_range(ids, what)
+        # Every id read 0 (handed out) or 1 (free) before the add, so the batch is good exactly
+        # when nothing reads 2 or more now. Why the maximum of the whole mask when it is small:
+        # one pass over it is cheaper than gathering the batch's marks (and a large one would
+        # run on the thread pool, see _MAX_PENDING_IDS).
+        if is_free.numel() < _SERIAL_OP_SIZE:
+            bad = int(is_free.max()) > 1
+        else:
+            bad = int(torch.index_select(is_free, 0, ids).max()) > 1
+        if bad:
+            is_free.index_add_(0, ids, self._ones_of(n), alpha=-1)  # undo exactly
             self._raise_bad_batch(ids, what)
         self._seal_top()
         if pieces is None:
@@ -180,6 +237,15 @@ class _FreeIds:
         else:
             self._chunks.extend(pieces)
         self.top += n
+
+    def _rebuild_marks(self) -> None:
+        """``is_free`` from the stack of free ids (after a bulk update failed half-way)."""
+        self._taken.clear()
+        self._seal_top()
+        self.is_free.zero_()
+        self.is_free[0] = 1
+        for chunk in self._chunks:
+            self.is_free.index_fill_(0, chunk, 1)
 
     def _one_per_page(self, ids: torch.Tensor, groups: torch.Tensor, *, what: str) -> torch.Tensor:
         """Pages named by several slots of one free call, once each; a page that two calls
@@ -189,7 +255,7 @@ class _FreeIds:
             raise DoubleFreeError(f"{what} {int(ids[first != last][0])} is freed twice")
         order = torch.arange(ids.numel(), dtype=torch.int64)
         lowest, _ = self._spread(ids, order)
-        return ids[lowest == order]
+        return torch.masked_select(ids, lowest == order)  # not ids[...]: see _MAX_PENDING_IDS
 
     def _raise_out_of_range(self, ids: torch.Tensor, what: str, only_if_bad: bool = False) -> None:
         low, high = (int(v) for v in torch.aminmax(ids))
@@ -230,17 +296,26 @@ class _FreeIds:
         self._chunks = list(chunks)
         self._start = 0
         self.top = top
-        self._taken.clear()
-        self.is_free.zero_()
-        self.is_free[0] = 1
-        for chunk in chunks:
-            self.is_free.index_fill_(0, chunk, 1)
+        self._rebuild_marks()
 
 
 class PagedSlotAllocator(FreeGroup, ForwardsOffload):
     """Hands out whole pages of ``page_size`` slots; ``page_size=1`` is a token allocator.
 
     Page ``p`` covers slots ``[p * P, (p + 1) * P)``; page 0 (slot 0 and its page) is reserved.
+
+    For composite allocators that own one per side (SWA, HiSparse), these underscore members
+    are a protected interface, kept as described here:
+
+    - :attr:`_on_settled` (set it): called at every settle with each queued call's verdict.
+    - :meth:`_enqueue`: queue a call the composite owns, checked at the settle like a
+      ``free``; :meth:`_settle_if_due` settles when the queue reached its bound.
+    - :meth:`_settle`: check and merge the queue now; :meth:`_reserve`: whether ``pages``
+      are free, settling only when the stack is short; :meth:`_alloc_pages`: ``alloc`` that
+      returns host page ids.
+    - :meth:`_allocated`: which slots lie in handed-out pages (queued frees not counted).
+    - :meth:`_pages_for`, :meth:`_extend_plan`, :meth:`_decode_plan`: check an ``alloc*``
+      call without changing anything. :attr:`_check_every_last_loc`: see ``__init__``.
     """
 
     def __init__(
@@ -263,14 +338,18 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
         self._kvcache = kvcache
         self._free = _FreeIds(self.num_pages)
         self._pending: list[torch.Tensor] = []
+        self._pending_ids = 0  # how many ids ``_pending`` holds
         self._offsets = torch.arange(page_size, dtype=torch.int64)
         self.eager_checks = eager_checks
         self._on_host = self.device.type == "cpu"
         #: Set by a composite allocator that owns this one: called at every settle with the
-        #: queued calls (the very tensors :meth:`_enqueue` got) and the positions of the rejected
-        #: ones, before any error is raised, so the composite can release or roll back its own
-        #: side of each call.
-        self._on_settled: Callable[[list[torch.Tensor], frozenset[int]], None] | None = None
+        #: queued calls (the very tensors :meth:`_enqueue` got), their host copies (the same
+        #: tensors on a host allocator; made with one transfer for the whole queue otherwise)
+        #: and the positions of the rejected ones, before any error is raised, so the composite
+        #: can release or roll back its own side of each call.
+        self._on_settled: (
+            Callable[[list[torch.Tensor], list[torch.Tensor], frozenset[int]], None] | None
+        ) = None
         #: Whether ``alloc_decode`` checks ``last_loc`` for every request with a prefix. A
         #: window side (SWA) turns this off: its ``last_loc`` is a translated one, 0 once the
         #: token left the window, and matters only when the new slot continues its page.
@@ -282,14 +361,15 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
         if not self._pending:
             return
         pending, self._pending = self._pending, []
-        calls = pending if self._on_host else [p.to(_CPU) for p in pending]
+        self._pending_ids = 0
+        calls = pending if self._on_host else _to_host(pending)
         try:
             self._give_back(calls)
         except KVCacheError:
             self._give_back_one_by_one(pending, calls)
         else:
             if self._on_settled is not None:
-                self._on_settled(pending, frozenset())
+                self._on_settled(pending, calls, frozenset())
 
     def _allocated(self, slots: torch.Tensor) -> torch.Tensor:
         """Which of ``slots`` (host int64) lie in handed-out pages (queued frees not counted).
@@ -303,8 +383,10 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
     def _settle_if_due(self) -> None:
         """Settle when the queue reached its bound (or at once, with eager checks)."""
         pending = self._pending
-        if len(pending) >= _MAX_PENDING_CALLS or (
-            self.eager_checks and pending and pending[-1].device.type == "cpu"
+        if (
+            len(pending) >= _MAX_PENDING_CALLS
+            or self._pending_ids >= _MAX_PENDING_IDS
+            or (self.eager_checks and pending and pending[-1].device.type == "cpu")
         ):
             self._settle()
 
@@ -318,7 +400,7 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
             except KVCacheError as exc:
                 failures.append((number, exc))
         if self._on_settled is not None:
-            self._on_settled(pending, frozenset(number - 1 for number, _ in failures))
+            self._on_settled(pending, calls, frozenset(number - 1 for number, _ in failures))
         number, first = failures[0]
         context = (
             f" (queued free call {number} of {len(calls)}; "
@@ -365,10 +447,26 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
         free = self._free
         if pages > free.top and not self._reserve(pages):
             return None
-        ids = free.take(pages)
+        chunks = free._chunks
+        if pages and not free._start and chunks[-1].numel() == pages:
+            # A freed batch of the same size on top (the steady state): pop it, no torch call.
+            ids = chunks.pop()
+            free.top -= pages
+            free._taken.append(ids)
+        else:
+            ids = free.take(pages)
         if page_size != 1:
             ids = self._slots_of(ids)
         return ids if self._on_host else ids.to(self.device)
+
+    def _alloc_pages(self, pages: int) -> torch.Tensor | None:
+        """``pages`` free page ids on the host, or None (taking nothing) when they do not fit:
+        what :meth:`alloc` hands out before it becomes slots on the device. For composites
+        that keep host tables, so that they need not copy the slots back (a host sync). The
+        result is a view of the free stack: never write it."""
+        if not self._reserve(pages):
+            return None
+        return self._free.take(pages)
 
     def _pages_for(self, need_size: int) -> int:
         """The pages ``alloc(need_size)`` takes, or the error a bad ``need_size`` gets
@@ -383,6 +481,33 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
 
     def free(self, indices: torch.Tensor) -> None:
         """Release slots (and so their whole pages). Checked in a batch; see the module doc."""
+        # The common call first, with as few Python steps as possible: a plain 1-D int64 host
+        # tensor, no free group open. Queue a copy (the caller may reuse ``indices``).
+        if (
+            type(indices) is _TENSOR
+            and indices.dtype is _INT64
+            and indices.is_cpu
+            and self._on_host
+            and self._group is None
+            and indices.dim() == 1
+        ):
+            n = indices.numel()
+            if n:
+                pending = self._pending
+                pending.append(indices.clone())
+                self._pending_ids += n
+                if (
+                    len(pending) >= _MAX_PENDING_CALLS
+                    or self._pending_ids >= _MAX_PENDING_IDS
+                    or self.eager_checks
+                ):
+                    self._settle()
+            return
+        self._free_any(indices)
+
+    def _free_any(self, indices: torch.Tensor) -> None:
+        """:meth:`free` for every other call: any integer dtype and shape, any device, and
+        calls collected by an open free group."""
         dtype = getattr(indices, "dtype", None)
         if dtype not in _INDEX_DTYPES:
             if not isinstance(indices, torch.Tensor):
@@ -402,10 +527,8 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
         if self._on_host and not indices.is_cpu:
             indices = indices.cpu()
         self._pending.append(indices)
-        if len(self._pending) >= _MAX_PENDING_CALLS or (
-            self.eager_checks and indices.device.type == "cpu"
-        ):
-            self._settle()
+        self._pending_ids += indices.numel()
+        self._settle_if_due()
 
     def _own(self, indices: torch.Tensor) -> torch.Tensor:
         """A 1-D int64 copy of ``indices`` (on the host for a host allocator).
@@ -428,6 +551,7 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
         this allocator's device, never written again); its verdict comes back through
         :attr:`_on_settled` with this very tensor."""
         self._pending.append(owned)
+        self._pending_ids += owned.numel()
         if settle_if_due:
             self._settle_if_due()
 
@@ -435,7 +559,9 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
         """End of a free group: each collected call is queued as a call of its own, so a bad
         one is rejected alone (with the one error of the settle) and the others are applied.
         All are queued before any settle, so an error cannot drop the group's later calls."""
-        self._pending.extend(self._own(c) for c in calls if c.numel())
+        owned = [self._own(c) for c in calls if c.numel()]
+        self._pending.extend(owned)
+        self._pending_ids += sum(c.numel() for c in owned)
         self._settle_if_due()
 
     def check_frees(self) -> None:
@@ -464,12 +590,14 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
         ):
             raise AllocatorError("restore_state got a state this allocator did not back up")
         self._pending.clear()
+        self._pending_ids = 0
         self._free.restore(state[2])
         self._forget_collected()
 
     def clear(self) -> None:
         """Free every slot but the reserved slot 0."""
         self._pending.clear()
+        self._pending_ids = 0
         self._group = None
         self._free.reset()
 

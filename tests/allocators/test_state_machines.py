@@ -70,7 +70,6 @@ class SWAMachine(QueuedAllocatorMachine):
     window slot (a full page's tokens share one window page)."""
 
     SWA_PAGES = BIG + 6
-    EAGER_RANGE_CHECK = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -154,7 +153,6 @@ class HiSparseMachine(QueuedAllocatorMachine):
     (each owns one device page)."""
 
     DEVICE_PAGES = BIG + 6
-    EAGER_RANGE_CHECK = True
     PAGES = 2 * DEVICE_PAGES  # ratio 2
 
     def __init__(self) -> None:

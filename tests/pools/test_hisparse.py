@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from kvcache_core import (
     AllocatorError,
+    DoubleFreeError,
     HiSparsePool,
     IndexerKeyPool,
     InvalidSlotError,
@@ -223,13 +224,26 @@ def test_backup_restore_clear_and_free_groups():
 
 
 def test_bad_frees_change_nothing():
+    """A bad free is refused as a whole and leaves both sides and the table as they were. Not
+    a tensor: at the call. Bad values: at the next settle (``free`` reads nothing back), and
+    a held slot named in the same call gets its residency back."""
     pool, alloc = make()
     slots = alloc.alloc(4)
     saved = table(pool)
-    for bad in (torch.tensor([0]), torch.tensor([-1]), torch.tensor([18]), [2]):
-        with pytest.raises(InvalidSlotError):
-            alloc.free(bad)  # type: ignore[arg-type]
-    assert torch.equal(table(pool), saved) and alloc.device_available_size() == 4
+    with pytest.raises(InvalidSlotError):
+        alloc.free([2])  # type: ignore[arg-type]
+    for bad, error in (
+        (torch.tensor([0]), DoubleFreeError),
+        (torch.tensor([-1]), InvalidSlotError),
+        (torch.tensor([18]), InvalidSlotError),
+        (torch.tensor([int(slots[0]), 18]), InvalidSlotError),
+        (torch.tensor([int(slots[0]), 1]), DoubleFreeError),  # slot 1 lies in page 0
+    ):
+        alloc.free(bad)
+        assert int(table(pool)[int(slots[0])]) == -1 or bad.numel() == 1  # dropped at once
+        with pytest.raises(error):
+            alloc.check_frees()
+        assert torch.equal(table(pool), saved) and alloc.device_available_size() == 4
     assert slots.numel() == 4
 
 
