@@ -132,19 +132,6 @@ class SglangPairedAlgorithm:
         assert self.second.available_size() <= self.second.size
 
 
-#: The modules ``interop/differential.py`` replaces by stand-ins (GPU kernels, serving stack).
-_STAND_INS = (
-    "triton",
-    "sglang.jit_kernel",
-    "sglang.srt.layers",
-    "sglang.srt.distributed",
-    "sglang.srt.server_args",
-    "sglang.srt.model_executor",
-    "sglang.srt.mem_cache.triton_ops",
-    "sglang.srt.utils.async_probe",
-)
-
-
 def _import_sglang_token_allocator() -> Any:
     """sglang's ``TokenToKVPoolAllocator`` class. A plain import first; when that fails for a
     missing dependency (the interop venv installs sglang with ``--no-deps``: no triton), with
@@ -167,10 +154,7 @@ def _import_sglang_token_allocator() -> Any:
     import _stubs  # type: ignore[import-not-found]
 
     before = list(sys.meta_path)
-    _stubs.install(
-        hollow=("sglang.srt.configs",),
-        forced=_STAND_INS,
-    )
+    _stubs.install(hollow=_stubs.SGLANG_HOLLOW, forced=_stubs.SGLANG_FORCED)
     try:
         from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
 

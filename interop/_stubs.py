@@ -137,6 +137,22 @@ def hollow_package(name: str) -> None:
     sys.modules[name] = module
 
 
+#: The sglang modules the differential run and the allocator benchmark replace by stand-ins
+#: (GPU kernels and the serving stack, which ``mem_cache`` imports but CPU runs never use).
+SGLANG_FORCED = (
+    "triton",
+    "sglang.jit_kernel",
+    "sglang.srt.layers",
+    "sglang.srt.distributed",
+    "sglang.srt.server_args",
+    "sglang.srt.model_executor",
+    "sglang.srt.mem_cache.triton_ops",
+    "sglang.srt.utils.async_probe",
+)
+#: Packages kept as empty shells (their ``__init__`` imports too much).
+SGLANG_HOLLOW = ("sglang.srt.configs",)
+
+
 def install(hollow: tuple[str, ...] = (), forced: tuple[str, ...] = ()) -> _LastResortFinder:
     """Put the stand-in finder last on ``sys.meta_path`` (once), hollow out ``hollow``, and
     replace the real modules under ``forced`` by stand-ins."""

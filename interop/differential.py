@@ -35,19 +35,7 @@ import _stubs  # noqa: E402
 # sglang's own torch path for move_kv_cache (its default is a triton kernel, GPU only)
 os.environ.setdefault("SGLANG_NATIVE_MOVE_KV_CACHE", "1")
 
-_stubs.install(
-    hollow=("sglang.srt.configs",),
-    forced=(
-        "triton",
-        "sglang.jit_kernel",
-        "sglang.srt.layers",
-        "sglang.srt.distributed",
-        "sglang.srt.server_args",
-        "sglang.srt.model_executor",
-        "sglang.srt.mem_cache.triton_ops",
-        "sglang.srt.utils.async_probe",
-    ),
-)
+_stubs.install(hollow=_stubs.SGLANG_HOLLOW, forced=_stubs.SGLANG_FORCED)
 
 import torch  # noqa: E402
 from sglang.srt.configs.mamba_utils import (  # noqa: E402

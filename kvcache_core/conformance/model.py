@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from .rules import RULES, Severity
 
-__all__ = ["CheckResult", "Finding", "Location", "Outcome"]
+__all__ = ["CheckResult", "Finding", "Location", "Outcome", "unparsable_file"]
 
 
 class Outcome(str, enum.Enum):
@@ -82,3 +82,21 @@ class CheckResult:
     detail: str = ""
     duration_s: float = 0.0
     extra: dict[str, object] = field(default_factory=dict, compare=False)
+
+
+def unparsable_file(path: str, exc: Exception, level: str) -> CheckResult:
+    """The ``load-error`` result for a file that cannot be parsed, at ``level``.
+
+    One wording for every level that reads source (the source level, ``kvcache drift``), so a
+    syntax error reads the same whichever command met it.
+    """
+    line = getattr(exc, "lineno", None)
+    message = f"cannot parse {path}: {type(exc).__name__}: {exc}"
+    finding = Finding(
+        rule="load-error",
+        message=message,
+        target=path,
+        hint="fix the syntax error; nothing in this file was checked",
+        impl_location=Location(path, line if isinstance(line, int) else None),
+    )
+    return CheckResult(path, level, Outcome.ERROR, (finding,), detail=message)

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from .infer import infer_protocols
 from .methods import PROTOCOL_ORDER
-from .model import CheckResult, Finding, Location, Outcome
+from .model import CheckResult, unparsable_file
 from .sources import ClassSource, SourceIndex, module_name_for, python_files
 from .target import ClassTarget
 from .usage import UsageError
@@ -59,16 +59,7 @@ def _class_target(
 
 
 def _parse_error(path: str, exc: Exception) -> CheckResult:
-    message = f"cannot parse {path}: {type(exc).__name__}: {exc}"
-    line = getattr(exc, "lineno", None)
-    finding = Finding(
-        rule="load-error",
-        message=message,
-        target=path,
-        hint="fix the syntax error; nothing in this file was checked",
-        impl_location=Location(path, line if isinstance(line, int) else None),
-    )
-    return CheckResult(path, "source", Outcome.ERROR, (finding,), detail=message)
+    return unparsable_file(path, exc, "source")
 
 
 def _from_path(

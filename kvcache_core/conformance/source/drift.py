@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from ...contracts.signature import MethodSig, ParamKind, sig_from_ast
 from ..compare import compare_signatures
 from ..methods import outcome_for
-from ..model import CheckResult, Finding, Location, Outcome
+from ..model import CheckResult, Finding, Location, unparsable_file
 from ..sources import (
     ClassSource,
     ExternalBase,
@@ -96,16 +96,7 @@ def _given_files(paths: Sequence[str]) -> dict[str, str]:
 
 
 def _load_error(path: str, exc: Exception) -> CheckResult:
-    line = getattr(exc, "lineno", None)
-    message = f"cannot parse {path}: {type(exc).__name__}: {exc}"
-    finding = Finding(
-        rule="load-error",
-        message=message,
-        target=path,
-        hint="fix the syntax error; nothing in this file was checked",
-        impl_location=Location(path, line if isinstance(line, int) else None),
-    )
-    return CheckResult(path, "drift", Outcome.ERROR, (finding,), detail=message)
+    return unparsable_file(path, exc, "drift")
 
 
 def _load_all(
