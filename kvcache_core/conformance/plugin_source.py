@@ -163,6 +163,11 @@ def _class(index: SourceIndex, module: ModuleSource, expr: ast.expr) -> ClassSou
     home = found.module
     if found.node not in home.tree.body or _bindings(home, found.name) != 1:
         raise _Unreadable(f"{found.qualname} is not one top-level class statement")
+    if {"__module__", "__qualname__"} & set(found.class_assignments) or any(
+        k.arg != "metaclass" or ast.unparse(k.value) not in ("ABCMeta", "abc.ABCMeta")
+        for k in found.node.keywords
+    ):
+        raise _Unreadable(f"{found.qualname} may not be the class its statement reads as")
     for decorator in found.node.decorator_list:
         target = decorator.func if isinstance(decorator, ast.Call) else decorator
         name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")

@@ -157,6 +157,19 @@ def kvcache_pool_specs():
     return [PoolSpec(name="rebound", pool_class=FakePool, allocator_class=FakeAllocator,
                      factory=create)]
 """,
+    "renamed_module": HEADER
+    + """
+class Renamed:
+    __module__ = "elsewhere"
+
+    def get_key_buffer(self, layer_id):
+        return None
+
+@hookimpl
+def kvcache_pool_specs():
+    return [PoolSpec(name="renamed", pool_class=Renamed, allocator_class=FakeAllocator,
+                     factory=create)]
+""",
     "unmarked": HEADER
     + """
 def kvcache_pool_specs():
