@@ -1,7 +1,8 @@
 """The CLI starts like a linter: source-only commands import neither torch, mypy nor a plugin.
 
 ``kvcache check --level source`` on paths (or ``module:Class``) reads the contract from its
-source too; checking a plugin by name still imports it (its ``PoolSpec`` names the classes).
+source too, and reads an installed plugin's ``PoolSpec``s from its hook's source (every built-in
+plugin's hook is plain enough; a plugin whose hook is not is still imported).
 
 Each command runs in a fresh interpreter, which then reports what it imported. Timings are the
 benchmark's business (benchmarks/bench_drift.py); this only checks what was imported.
@@ -68,6 +69,8 @@ def _probe(*argv: str) -> dict[str, object]:
             ["check", "--level", "source", "--against", "KVPool", str(CORPUS / "dsa_sub.py")],
             id="check-source-against",
         ),
+        pytest.param(["check", "--level", "source"], id="check-source-every-plugin"),
+        pytest.param(["check", "--level", "source", "mha", "swa"], id="check-source-plugins"),
     ],
 )
 def test_source_only_commands_import_no_torch_mypy_or_plugin(argv: list[str]) -> None:
@@ -85,6 +88,22 @@ def test_version_and_help_still_answer() -> None:
     assert report["code"] == 0
     for command in ("list", "check", "drift", "demo", "new"):
         assert command in str(report["out"])
+
+
+@pytest.mark.parametrize("targets", [[], ["mha", "swa"]], ids=["every-plugin", "by-name"])
+def test_plugins_read_without_importing_report_what_importing_them_reports(
+    targets: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kvcache_core.cli import main
+    from kvcache_core.conformance import plugin_source
+
+    report = _probe("check", "--level", "source", *targets)
+    # In this process every plugin is imported instead: what `kvcache check` did before.
+    monkeypatch.setattr(plugin_source, "static_specs", lambda ep, index=None: "forced")
+    code = main(["check", "--level", "source", *targets])
+    captured = capsys.readouterr()
+    assert (report["code"], report["out"], report["err"]) == (code, captured.out, captured.err)
+    assert report["heavy"] == []
 
 
 def test_drift_without_torch_reports_what_it_reports_in_process(run_drift_in_process) -> None:

@@ -80,7 +80,9 @@ def run(args: argparse.Namespace) -> int:
         configured = load_config(args)
         expected = load_expected_failures(args)
         index = SourceIndex()
-        targets, results = resolve_targets(args.targets, against=against, index=index)
+        targets, results = resolve_targets(
+            args.targets, against=against, index=index, read_plugins=levels == ("source",)
+        )
         status = Progress(sys.stderr)  # a status line on a terminal only
         try:
             results += run_levels(

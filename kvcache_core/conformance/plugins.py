@@ -21,9 +21,10 @@ from .. import hookspecs
 from ..contracts.spec import CAPABILITY_PROTOCOLS, PoolSpec
 from ..discovery import PluginInfo, load_plugin_specs, spec_shape_problem
 from .model import CheckResult, Finding, Outcome
+from .plugin_source import select_plugin_targets
 from .target import ClassTarget
 
-__all__ = ["entry_point_names", "plugin_targets"]
+__all__ = ["entry_point_names", "plugin_pools", "plugin_targets"]
 
 
 def _entry_points() -> list[metadata.EntryPoint]:
@@ -122,6 +123,14 @@ def plugin_specs(plugin: str) -> list[PoolSpec]:
     return _load_specs(available[plugin])[0]
 
 
+def plugin_pools(
+    ep: metadata.EntryPoint,
+) -> tuple[list[tuple[str, list[ClassTarget]]], list[CheckResult]]:
+    """Import the plugin ``ep``: each valid spec's pool name with its targets, and load errors."""
+    specs, errors = _load_specs(ep)
+    return [(spec.name, spec_targets(spec, ep.name)) for spec in specs], errors
+
+
 def plugin_targets(
     names: Sequence[str] | None = None,
 ) -> tuple[list[ClassTarget], list[CheckResult]]:
@@ -130,32 +139,7 @@ def plugin_targets(
     A name may also be a pool name that an installed plugin declares (``kvcache check swa``
     where the plugin is called something else): then only that pool's classes are targets. A
     plugin name wins over a pool name. Raises ``LookupError`` naming the installed plugins and
-    their pools when a name is neither.
+    their pools when a name is neither. Every plugin is imported (the source level reads them
+    instead where it can: ``plugin_source.source_plugin_targets``).
     """
-    available = {ep.name: ep for ep in _entry_points()}
-    whole: set[str] = set(available) if names is None else {n for n in names if n in available}
-    some_pools: dict[str, set[str]] = {}
-    unknown = [n for n in names or () if n not in available]
-    if unknown:
-        # Pool names are only known once every plugin is loaded: do that only when needed.
-        owner = {spec.name: ep.name for ep in available.values() for spec in _load_specs(ep)[0]}
-        missing = [n for n in unknown if n not in owner]
-        if missing:
-            pools = f"; pools: {', '.join(sorted(owner))}" if owner else ""
-            raise LookupError(
-                f"no installed kvcache plugin named {', '.join(map(repr, missing))}; "
-                f"installed: {', '.join(sorted(available)) or 'none'}{pools}"
-            )
-        for pool in unknown:
-            some_pools.setdefault(owner[pool], set()).add(pool)
-    targets: list[ClassTarget] = []
-    errors: list[CheckResult] = []
-    for name, ep in available.items():
-        if name not in whole and name not in some_pools:
-            continue
-        specs, failed = _load_specs(ep)
-        errors += failed
-        for spec in specs:
-            if name in whole or spec.name in some_pools[name]:
-                targets.extend(spec_targets(spec, name))
-    return targets, errors
+    return select_plugin_targets({ep.name: ep for ep in _entry_points()}, names, plugin_pools)

@@ -11,7 +11,9 @@ A target is one of:
 Paths and ``module:Class`` are checked against ``--against`` when given, else against what
 ``infer`` says the class claims; plugins always against what their spec declares, because that
 is what an engine relies on. Nothing here imports a target: plugins are imported (discovery
-would import them too), files and modules are only located and parsed.
+would import them too), files and modules are only located and parsed. When only the source
+level runs, a plugin whose hook is a plain list of ``PoolSpec(...)`` is read instead of imported
+(``plugin_source``), with the same targets.
 """
 
 from __future__ import annotations
@@ -136,9 +138,17 @@ def _merge(targets: list[ClassTarget]) -> list[ClassTarget]:
 
 
 def resolve_targets(
-    specs: Sequence[str], *, against: tuple[str, ...] | None, index: SourceIndex
+    specs: Sequence[str],
+    *,
+    against: tuple[str, ...] | None,
+    index: SourceIndex,
+    read_plugins: bool = False,
 ) -> tuple[list[ClassTarget], list[CheckResult]]:
-    """Targets named by ``specs`` (all installed plugins when empty), and load errors."""
+    """Targets named by ``specs`` (all installed plugins when empty), and load errors.
+
+    With ``read_plugins`` (only the source level runs), plugins are read from source where
+    their hook allows it (``plugin_source``) and imported only where it does not.
+    """
     targets: list[ClassTarget] = []
     errors: list[CheckResult] = []
     plugins: list[str] = []
@@ -153,11 +163,17 @@ def resolve_targets(
             plugins.append(spec)
     if plugins or not specs:
         # Here, not at module level: plugins are imported to read their specs (and they import
-        # torch); path and module:Class targets are only read, so they never pay for it.
-        from .plugins import plugin_targets
-
+        # torch); path and module:Class targets are only read, so they never pay for it, and
+        # neither does a plugin the source level can read (``plugin_source``).
         try:
-            found, failed = plugin_targets(plugins or None)
+            if read_plugins:
+                from .plugin_source import source_plugin_targets
+
+                found, failed = source_plugin_targets(plugins or None)
+            else:
+                from .plugins import plugin_targets
+
+                found, failed = plugin_targets(plugins or None)
         except LookupError as exc:
             raise UsageError(str(exc)) from None
         targets += found
