@@ -243,22 +243,30 @@ class Memcpy:
 
 
 def first_call_times(case: Case, raw: RawCopy, repeat: int) -> tuple[float, float]:
-    """Median of an offload with no cached block (fresh memory) and of the old way, in
-    turn; the snapshots are dropped at once so the next round starts empty again."""
-    ours: list[float] = []
-    old: list[float] = []
-    for _ in range(repeat):
+    """Median of an offload with no cached block (fresh memory) and of the old way. The order
+    alternates every round (whichever runs second inherits the page state the first left), and
+    the snapshots are dropped at once so the next round starts empty again."""
+    times: dict[str, list[float]] = {"ours": [], "old": []}
+
+    def ours() -> None:
         release_host_cache()
         start = time.perf_counter()
         snapshot = case.get()
-        ours.append(time.perf_counter() - start)
+        times["ours"].append(time.perf_counter() - start)
         del snapshot
+        release_host_cache()
+
+    def old() -> None:
         start = time.perf_counter()
         outs = raw.gather_fresh()
-        old.append(time.perf_counter() - start)
+        times["old"].append(time.perf_counter() - start)
         del outs
-    release_host_cache()
-    return median_of({"ours": ours})["ours"], median_of({"old": old})["old"]
+
+    for round_ in range(repeat):
+        for side in (ours, old) if round_ % 2 == 0 else (old, ours):
+            side()
+    medians = median_of(times)
+    return medians["ours"], medians["old"]
 
 
 def build(name: str, config: PoolConfig, n: int, gen: torch.Generator) -> Case:
