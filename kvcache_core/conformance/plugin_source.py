@@ -26,13 +26,13 @@ source level, which reads a plugin the way it reads a file, checks its classes.
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from types import MappingProxyType
 
 from .model import CheckResult
-from .sources import ClassSource, ModuleSource, SourceIndex
+from .sources import ClassSource, ModuleSource, SourceIndex, flatten_statements
 from .target import ClassTarget
 
 __all__ = [
@@ -100,23 +100,6 @@ def entry_points() -> list[metadata.EntryPoint]:
     return sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name)
 
 
-def _scope(body: Sequence[ast.stmt]) -> Iterator[ast.stmt]:
-    """Module-level statements, ``if``/``try``/``with``/loop bodies included (not defs)."""
-    for stmt in body:
-        yield stmt
-        if isinstance(stmt, (ast.If, ast.For, ast.AsyncFor, ast.While)):
-            yield from _scope(stmt.body)
-            yield from _scope(stmt.orelse)
-        elif isinstance(stmt, ast.Try):
-            yield from _scope(stmt.body)
-            for handler in stmt.handlers:
-                yield from _scope(handler.body)
-            yield from _scope(stmt.orelse)
-            yield from _scope(stmt.finalbody)
-        elif isinstance(stmt, (ast.With, ast.AsyncWith)):
-            yield from _scope(stmt.body)
-
-
 def _names_in(node: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
 
@@ -125,7 +108,7 @@ def _bindings(module: ModuleSource, name: str) -> int:
     """How many module-level statements of ``module`` bind ``name`` (a ``global`` statement or
     a ``*`` import anywhere counts too: either may rebind it)."""
     count = 0
-    for stmt in _scope(module.tree.body):
+    for stmt in flatten_statements(module.tree.body, loops=True):
         if isinstance(stmt, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             count += stmt.name == name
         elif isinstance(stmt, (ast.Import, ast.ImportFrom)):

@@ -21,18 +21,14 @@ from .. import hookspecs
 from ..contracts.spec import CAPABILITY_PROTOCOLS, PoolSpec
 from ..discovery import PluginInfo, load_plugin_specs, spec_shape_problem
 from .model import CheckResult, Finding, Outcome
-from .plugin_source import select_plugin_targets
+from .plugin_source import entry_points, select_plugin_targets
 from .target import ClassTarget
 
 __all__ = ["entry_point_names", "plugin_pools", "plugin_targets"]
 
 
-def _entry_points() -> list[metadata.EntryPoint]:
-    return sorted(metadata.entry_points(group=hookspecs.ENTRY_POINT_GROUP), key=lambda ep: ep.name)
-
-
 def entry_point_names() -> list[str]:
-    return [ep.name for ep in _entry_points()]
+    return [ep.name for ep in entry_points()]
 
 
 def _summarise(exc: BaseException) -> str:
@@ -117,7 +113,7 @@ def plugin_specs(plugin: str) -> list[PoolSpec]:
     The behaviour level needs the spec objects (their factories), not only the classes that
     ``plugin_targets`` turns into targets; importing a plugin again is free (``sys.modules``).
     """
-    available = {ep.name: ep for ep in _entry_points()}
+    available = {ep.name: ep for ep in entry_points()}
     if plugin not in available:
         return []
     return _load_specs(available[plugin])[0]
@@ -142,4 +138,4 @@ def plugin_targets(
     their pools when a name is neither. Every plugin is imported (the source level reads them
     instead where it can: ``plugin_source.source_plugin_targets``).
     """
-    return select_plugin_targets({ep.name: ep for ep in _entry_points()}, names, plugin_pools)
+    return select_plugin_targets({ep.name: ep for ep in entry_points()}, names, plugin_pools)

@@ -23,6 +23,7 @@ __all__ = [
     "ExternalBase",
     "ModuleSource",
     "SourceIndex",
+    "flatten_statements",
     "module_name_for",
     "python_files",
 ]
@@ -183,7 +184,7 @@ class ClassSource:
     def methods(self) -> dict[str, FunctionNode]:
         """Functions defined in the class body; a later ``def`` wins, as at run time."""
         out: dict[str, FunctionNode] = {}
-        for stmt in _flatten(self.node.body):
+        for stmt in flatten_statements(self.node.body):
             if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 out[stmt.name] = stmt
         return out
@@ -192,7 +193,7 @@ class ClassSource:
     def class_assignments(self) -> dict[str, ast.stmt]:
         """Names bound in the class body by assignment (``x = ...``, ``x: int``)."""
         out: dict[str, ast.stmt] = {}
-        for stmt in _flatten(self.node.body):
+        for stmt in flatten_statements(self.node.body):
             if isinstance(stmt, ast.Assign):
                 for target in stmt.targets:
                     for sub in ast.walk(target):
@@ -236,21 +237,24 @@ class ClassSource:
         )
 
 
-def _flatten(body: Iterable[ast.stmt]) -> Iterator[ast.stmt]:
-    """Statements of a body, descending into ``if``/``try``/``with`` (not into defs)."""
+def flatten_statements(body: Iterable[ast.stmt], *, loops: bool = False) -> Iterator[ast.stmt]:
+    """Statements of a body, descending into ``if``/``try``/``with`` (never into defs), and
+    into loop bodies too when ``loops``."""
     for stmt in body:
         yield stmt
-        if isinstance(stmt, ast.If):
-            yield from _flatten(stmt.body)
-            yield from _flatten(stmt.orelse)
+        if isinstance(stmt, ast.If) or (
+            loops and isinstance(stmt, (ast.For, ast.AsyncFor, ast.While))
+        ):
+            yield from flatten_statements(stmt.body, loops=loops)
+            yield from flatten_statements(stmt.orelse, loops=loops)
         elif isinstance(stmt, ast.Try):
-            yield from _flatten(stmt.body)
+            yield from flatten_statements(stmt.body, loops=loops)
             for handler in stmt.handlers:
-                yield from _flatten(handler.body)
-            yield from _flatten(stmt.orelse)
-            yield from _flatten(stmt.finalbody)
+                yield from flatten_statements(handler.body, loops=loops)
+            yield from flatten_statements(stmt.orelse, loops=loops)
+            yield from flatten_statements(stmt.finalbody, loops=loops)
         elif isinstance(stmt, (ast.With, ast.AsyncWith)):
-            yield from _flatten(stmt.body)
+            yield from flatten_statements(stmt.body, loops=loops)
 
 
 @dataclass(eq=False)
@@ -280,7 +284,7 @@ class ModuleSource:
         # Import bindings win over assignments, so `try: from gpu import X / except: X = None`
         # resolves to the real class, which is what runs where the plugin is deployed.
         assigned: dict[str, ast.expr] = {}
-        for stmt in _flatten(self.tree.body):
+        for stmt in flatten_statements(self.tree.body):
             if isinstance(stmt, ast.ClassDef):
                 self.classes[stmt.name] = ClassSource(stmt.name, self, stmt)
             elif isinstance(stmt, ast.Import):
