@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import mmap
 import os
 import threading
@@ -201,9 +202,7 @@ def host_empty_cpu(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
     The block returns to the cache when the last tensor viewing it (views included) is gone.
     Smaller tensors, and systems without huge-page advice, get ``torch.empty``.
     """
-    numel = 1
-    for d in shape:
-        numel *= int(d)
+    numel = math.prod(int(d) for d in shape)
     nbytes = numel * dtype.itemsize
     if nbytes < HUGE_PAGE:
         return torch.empty(tuple(shape), dtype=dtype)
@@ -223,9 +222,7 @@ def host_zeros_cpu(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
     tensor viewing it is gone; never cached. Below one huge page, or without huge-page advice,
     it is ``torch.zeros``.
     """
-    numel = 1
-    for d in shape:
-        numel *= int(d)
+    numel = math.prod(int(d) for d in shape)
     nbytes = numel * dtype.itemsize
     block = _map(nbytes) if nbytes >= HUGE_PAGE else None
     if block is None:
