@@ -50,7 +50,9 @@ bench: setup
 # Differential run against sglang 0.5.14's pools (not part of CI; downloads sglang). Its own
 # virtualenv: torch (CPU), numpy and this checkout, then sglang with --no-deps (its dependency
 # set is a GPU serving stack that mem_cache does not need on CPU; interop/_stubs.py stands in
-# for what it imports). Exits 0 only when every divergence is in docs/engines.md's table.
+# for what it imports), and interop/sglang_plugin registers sglang's pools as a kvcache plugin
+# for `kvcache check` (every level). Exits 0 only when every divergence and every finding is
+# in docs/engines.md's table.
 INTEROP_VENV ?= .venv-interop
 INTEROP_BIN  := $(INTEROP_VENV)/bin
 
@@ -58,6 +60,7 @@ interop:
 	test -x $(INTEROP_BIN)/python || $(PYTHON) -m venv $(INTEROP_VENV)
 	$(INTEROP_BIN)/python -m pip install --quiet -c constraints/torch-cpu.txt -e . numpy
 	$(INTEROP_BIN)/python -m pip install --quiet --no-deps sglang==0.5.14
+	$(INTEROP_BIN)/python -m pip install --quiet --no-build-isolation -e interop/sglang_plugin
 	$(INTEROP_BIN)/python interop/differential.py
 
 clean:

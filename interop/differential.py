@@ -11,8 +11,12 @@ project itself never imports sglang. Two kinds of comparison:
 - **probes**: one small scenario per row of docs/engines.md's "Coming from sglang" table, each
   reporting the row's id when the two sides differ.
 
-Every divergence whose id is not in that table is printed; the exit status is 0 only when
-there is none. Rows whose difference was not observed are listed (not an error).
+Then ``kvcache check`` runs every level on sglang's pools and allocators registered as a
+kvcache plugin (``interop/sglang_plugin``), and each finding's id (``interop/findings.py``)
+must be in the same table.
+
+Every divergence or finding whose id is not in that table is printed; the exit status is 0
+only when there is none. Rows whose difference was not observed are listed (not an error).
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +34,7 @@ ROOT = HERE.parent
 sys.path[:0] = [str(HERE), str(ROOT)]
 
 import _stubs  # noqa: E402
+from findings import Comparison, documented_ids, is_checker_id, result_ids, run_checker  # noqa: E402
 
 # sglang's own torch path for move_kv_cache (its default is a triton kernel, GPU only)
 os.environ.setdefault("SGLANG_NATIVE_MOVE_KV_CACHE", "1")
@@ -587,18 +591,16 @@ def probe_bad_input(out: Divergences) -> None:
     both("offload-bad-indices", lambda _, a: (a.alloc(2), a.get_cpu_copy(torch.tensor([0, 1]))))
 
 
-def documented_ids() -> set[str]:
-    text = (ROOT / "docs" / "engines.md").read_text(encoding="utf-8")
-    section = text[text.index("## Coming from sglang") :]
-    section = section[: section.find("\n### ")]
-    return set(re.findall(r"^\| `([a-z0-9-]+)` \|", section, re.M))
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--verbose", action="store_true", help="show each documented divergence")
+    parser.add_argument(
+        "--no-checker",
+        action="store_true",
+        help="skip `kvcache check` (every level) on sglang's pools registered as a plugin",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     out = Divergences()
@@ -613,7 +615,8 @@ def main(argv: list[str] | None = None) -> int:
             probe(out)
         except Exception as exc:
             out.add(f"probe-{probe.__name__}-raised", f"{type(exc).__name__}: {exc}")
-    documented = documented_ids()
+    table = documented_ids()
+    documented = {k for k in table if not is_checker_id(k)}
     undocumented = {k: v for k, v in out.found.items() if k not in documented}
     seen = sorted(k for k in out.found if k in documented)
     print(f"sequences: {args.seeds} seeds x {args.steps} steps on mha, swa, mamba")
@@ -626,8 +629,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {key}: {out.found[key]}")
     for key, detail in sorted(undocumented.items()):
         print(f"UNDOCUMENTED {key}: {detail}")
-    print("ok: every divergence is documented" if not undocumented else "FAILED")
-    return 0 if not undocumented else 1
+    checker_ok = True
+    if not args.no_checker:
+        checker_ids = {k for k in table if is_checker_id(k)}
+        comparison = Comparison(result_ids(run_checker("sglang")), checker_ids)
+        print("kvcache check sglang (every level, sglang's pools as a plugin):")
+        for line in comparison.report(unseen_from=checker_ids):
+            print(f"  {line}")
+        checker_ok = comparison.ok
+    ok = not undocumented and checker_ok
+    print("ok: every divergence is documented" if ok else "FAILED")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -48,6 +48,19 @@ def register(sub: Any) -> None:
         help=f"levels to run, of {', '.join(ALL_LEVELS)} (default: {','.join(DEFAULT_LEVELS)})",
     )
     parser.add_argument(
+        "--select",
+        action="append",
+        metavar="ID[,...]",
+        help="only these behaviour check ids or rule ids (repeatable; default: all); "
+        "a behaviour check not selected does not run",
+    )
+    parser.add_argument(
+        "--deselect",
+        action="append",
+        metavar="ID[,...]",
+        help="leave out these behaviour check ids or rule ids (repeatable)",
+    )
+    parser.add_argument(
         "--contract-version",
         type=int,
         default=CONTRACT_VERSION,
@@ -61,6 +74,7 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     # Imported here, not at module level: registering the parser must stay cheap, and which of
     # these pull in torch depends on the targets (plugins do; paths at --level source do not).
+    from ..conformance.expected import check_known_ids
     from ..conformance.resolve import parse_protocols, resolve_targets
     from ..conformance.runner import (
         active_rules,
@@ -68,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
         parse_levels,
         run_levels,
     )
+    from ..conformance.selection import parse_selection
     from ..conformance.sources import SourceIndex
     from ..conformance.usage import UsageError
     from ..progress import Progress
@@ -79,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
         version = check_contract_version(args.contract_version)
         configured = load_config(args)
         expected = load_expected_failures(args)
+        check_known_ids(expected)
+        selection = parse_selection(args.select, args.deselect)
         index = SourceIndex()
         targets, results = resolve_targets(
             args.targets, against=against, index=index, read_plugins=levels == ("source",)
@@ -92,15 +109,25 @@ def run(args: argparse.Namespace) -> int:
                 index=index,
                 expected_failures=expected,
                 progress=status.update,
+                behaviour_checks=_behaviour_checks(selection, levels),
             )
         finally:
             status.done()
         return finish(
             args,
-            results,
+            selection.apply(results),
             configured=configured,
             scanned=[t.path or "" for t in targets],
-            active_rules=active_rules(levels),
+            active_rules=[r for r in active_rules(levels) if selection.wants({r})],
         )
     except UsageError as exc:
         return usage_error("check", str(exc))
+
+
+def _behaviour_checks(selection: Any, levels: tuple[str, ...]) -> list[str] | None:
+    """The battery checks ``--select``/``--deselect`` leave (None: all, or no behaviour)."""
+    if selection.everything or "behaviour" not in levels:
+        return None
+    from ..conformance.behaviour import BATTERY
+
+    return list(selection.behaviour_checks(BATTERY))

@@ -136,8 +136,10 @@ def run(args: argparse.Namespace) -> int:
     names = None if args.pool == "all" else [args.pool]
     if names is not None and args.pool not in registry.accepted:
         known = ", ".join(registry.names()) or "none"
+        refused = [r for r in registry.rejected if args.pool in (r.pool, r.plugin.name)]
+        why = "".join(f"\n  rejected at discovery: {r}" for r in refused)
         print(
-            f"kvcache demo: error: no accepted pool {args.pool!r}; accepted: {known}",
+            f"kvcache demo: error: no accepted pool {args.pool!r}; accepted: {known}{why}",
             file=sys.stderr,
         )
         return 2
@@ -185,10 +187,12 @@ def _size(nbytes: int) -> str:
 
 
 def render_text(reports: list[PoolReport], settings: DemoSettings, registry: Registry) -> str:
+    # the pool column fits the longest name (plus two spaces), never less than 12 wide
+    w = max([10, *(len(r.pool) for r in reports)]) + 2
     lines = [
         f"kvcache demo: {settings.requests} requests, budget {settings.budget} token slots, "
         f"seed {settings.seed}; each pool runs with ample memory, then within the budget",
-        f"{'pool':<12}{'model':<10}{'reqs':>5}{'tokens':>7}{'retract':>8}{'resume':>7}"
+        f"{'pool':<{w}}{'model':<10}{'reqs':>5}{'tokens':>7}{'retract':>8}{'resume':>7}"
         f"{'evict':>6}{'offloaded':>11}{'GB/s':>7}{'peak':>6}  {'identical':<10}{'time':>7}",
     ]
     notes: list[str] = []
@@ -197,7 +201,7 @@ def render_text(reports: list[PoolReport], settings: DemoSettings, registry: Reg
         if r.status in ("identical", "differ") and c is not None:
             gbps = f"{c.offload_gb_per_s:.3f}" if c.offload_gb_per_s is not None else "-"
             lines.append(
-                f"{r.pool:<12}{r.model or '-':<10}{c.requests:>5}{c.tokens_generated:>7}"
+                f"{r.pool:<{w}}{r.model or '-':<10}{c.requests:>5}{c.tokens_generated:>7}"
                 f"{c.retractions:>8}{c.resumes:>7}{c.evictions:>6}{_size(c.bytes_offloaded):>11}"
                 f"{gbps:>7}{c.peak_slots_in_use:>6}  {'yes' if r.identical else 'NO':<10}"
                 f"{r.seconds:>6.1f}s"
@@ -207,7 +211,7 @@ def render_text(reports: list[PoolReport], settings: DemoSettings, registry: Reg
         elif r.status == "skipped":
             notes.append(f"{r.pool}: skipped ({r.reason})")
         else:
-            lines.append(f"{r.pool:<12}{r.model or '-':<10}  ERROR: {r.reason}")
+            lines.append(f"{r.pool:<{w}}{r.model or '-':<10}  ERROR: {r.reason}")
         if r.note:
             notes.append(f"{r.pool}: {r.note}")
     notes += [f"rejected at discovery: {rej}" for rej in registry.rejected]

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = [
     "SECTION",
     "ExpectedFailure",
+    "check_known_ids",
     "expected_failures_for",
     "load_expected_failures",
     "parse_expected_failures",
@@ -147,6 +148,26 @@ def _check_ids(spec: PoolSpec, entries: Iterable[ExpectedFailure]) -> None:
             raise UsageError(
                 f"{entry.origin}: expected failure {entry.pool}/{entry.check}: the check does "
                 f"not run on pool {entry.pool!r} (it needs capabilities: {needs}); remove it"
+            )
+
+
+def check_known_ids(configured: Iterable[ExpectedFailure]) -> None:
+    """Every configured entry names a check id the battery has (a ``UsageError`` otherwise).
+
+    What ``kvcache check`` can hold any entry to before it knows which pools it will run: a
+    typo in a check id would otherwise expect nothing, silently, while the pool name may
+    legitimately belong to a plugin another run checks.
+    """
+    entries = list(configured)
+    if not entries:
+        return  # nothing to validate: keep torch (the battery) unimported
+    from .behaviour import BATTERY
+
+    for entry in entries:
+        if entry.check not in BATTERY:
+            raise UsageError(
+                f"{entry.origin}: expected failure {entry.pool}/{entry.check}: unknown behaviour "
+                f"check {entry.check!r}; known: {', '.join(BATTERY)}"
             )
 
 

@@ -107,8 +107,12 @@ def run_levels(
     index: SourceIndex | None = None,
     expected_failures: Sequence[ExpectedFailure] = (),
     progress: Callable[[str], None] | None = None,
+    behaviour_checks: Sequence[str] | None = None,
 ) -> list[CheckResult]:
     """Every requested level over every target, in level order.
+
+    ``behaviour_checks`` (if given) are the only battery checks the behaviour level runs
+    (``kvcache check --select/--deselect``).
 
     ``progress`` (if given) is told, in words, which level (and which pool of the behaviour
     level) is running; the CLI shows it on a terminal.
@@ -154,6 +158,7 @@ def run_levels(
                 targets,
                 expected_failures=by_pool,
                 progress=progress,
+                only=behaviour_checks,
             )
         else:  # parse_levels rejects these; a programming error if reached
             raise UsageError(f"unknown level {level!r}")

@@ -17,6 +17,7 @@ from ...contracts.spec import PoolSpec
 from ..model import CheckResult, Finding, Outcome
 from ._check import BATTERY, BehaviourCheck, BehaviourFailure
 from ._context import DEFAULT_TIMEOUT_S, CheckContext, config_source, default_config
+from ._report import end_in_assert, subject_location
 
 __all__ = ["DEFAULT_TIMEOUT_S", "run_check", "run_spec", "select_checks"]
 
@@ -93,7 +94,8 @@ def _finding(check: BehaviourCheck, spec: PoolSpec, exc: BaseException) -> Findi
         message=f"{check.name}: {message}",
         target=f"pool:{spec.name}",
         hint=hint,
-        reproduction=repro,
+        reproduction=end_in_assert(repro, f"{check.name} on pool {spec.name!r}: {message}"),
+        impl_location=subject_location(check, spec),
     )
 
 
@@ -122,6 +124,7 @@ def run_check(
             message=f"{check.name} passed but is declared an expected failure ({reason})",
             target=target,
             hint=f"remove {check.id!r} from the pool's expected failures",
+            impl_location=subject_location(check, spec),
         )
         return CheckResult(target, check.name, Outcome.FAILED, (finding,), duration_s=took)
     finding = _finding(check, spec, exc)

@@ -42,13 +42,15 @@ def run(
     expected_failures: Mapping[str, Mapping[str, str]] | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     progress: Callable[[str], None] | None = None,
+    only: Sequence[str] | None = None,
     **_: object,
 ) -> list[CheckResult]:
     """One result per (pool, check) for every pool the targets serve; SKIPPED for the rest.
 
     ``expected_failures`` maps a pool name to ``{check id: reason}`` (``[tool.kvcache]``), on
     top of what the spec itself declares. ``extra["pool_seconds"]`` on each pool's first result
-    holds the wall time of that pool's whole battery (the text report shows it).
+    holds the wall time of that pool's whole battery (the text report shows it). ``only``
+    (if given) names the only checks to run.
     """
     results: list[CheckResult] = [
         CheckResult(t.name, "behaviour", Outcome.SKIPPED, detail=NO_SPEC)
@@ -76,6 +78,7 @@ def run(
         start = time.perf_counter()
         ran = run_spec(
             spec,
+            only=only,
             expected_failures=(expected_failures or {}).get(pool),
             timeout_s=timeout_s,
         )

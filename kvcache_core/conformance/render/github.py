@@ -40,7 +40,8 @@ def _command(kind: str, message: str, **properties: str | int | None) -> str:
 def _annotation(result: CheckResult, finding: Finding) -> str:
     where = finding.impl_location or finding.contract_location
     base = os.environ.get("GITHUB_WORKSPACE")
-    subject = f"{finding.method}" if finding.method else result.target
+    # the target once, then the method when there is one (a behaviour finding has none)
+    subject = f"{result.target} {finding.method}" if finding.method else result.target
     seen = f"; seen by {', '.join(finding.levels)}" if len(finding.levels) > 1 else ""
     message = finding.message
     contract = location_text(finding.contract_location)
@@ -55,7 +56,7 @@ def _annotation(result: CheckResult, finding: Finding) -> str:
         message,
         file=display_path(where.path, base) if where else None,
         line=where.line if where else None,
-        title=f"kvcache {finding.rule}: {result.target} {subject} ({result.check}{seen})",
+        title=f"kvcache {finding.rule}: {subject} ({result.check}{seen})",
     )
 
 

@@ -49,6 +49,16 @@ class ContractMember:
     imports: tuple[tuple[str, str, int], ...]
     sig: MethodSig | None = None
     call_text: str | None = None
+    #: The text of the one-member Protocol, when it is not ``text``: an attribute becomes a
+    #: read-only property, because engines only read contract attributes, and a Protocol's
+    #: plain ``size: int`` would make mypy demand a *settable* one (a read-only ``size``
+    #: property is a correct pool).
+    protocol_text: str | None = None
+
+    @property
+    def checked_text(self) -> str:
+        """What the generated Protocol declares for this member."""
+        return self.protocol_text if self.protocol_text is not None else self.text
 
     @property
     def display(self) -> str:
@@ -191,6 +201,10 @@ def contract_member(proto: type, name: str, version: int = CONTRACT_VERSION) -> 
     imports = tuple(
         found for found in (_import_for(n, module) for n in sorted(names)) if found is not None
     )
+    protocol_text = None
+    if isinstance(first, ast.AnnAssign):
+        annotation = ast.get_source_segment("\n".join(lines), first.annotation)
+        protocol_text = f"@property\ndef {name}(self) -> {annotation}: ..."
     return ContractMember(
         owner=owner.__name__,
         name=name,
@@ -201,4 +215,5 @@ def contract_member(proto: type, name: str, version: int = CONTRACT_VERSION) -> 
         imports=imports,
         sig=sig,
         call_text=call_text,
+        protocol_text=protocol_text,
     )

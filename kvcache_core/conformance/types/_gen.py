@@ -112,7 +112,7 @@ def generate(plans: Sequence[TargetPlan]) -> Generated:
         protocol_of[member] = name
         generated.protocol_names[name] = member
         out.add(f"\n\nclass {name}(_kvc_Protocol):  # {member.owner}.{member.name}")
-        out.add(textwrap.indent(member.text, "    "))
+        out.add(textwrap.indent(member.checked_text, "    "))
         if member.call_text is not None:
             generated.protocol_names[f"_kvc_C{number}"] = member
             out.add(f"\n\nclass _kvc_C{number}(_kvc_Protocol):  # {member.owner}.{member.name}")
