@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..conformance.runner import ALL_LEVELS, DEFAULT_LEVELS
 from ..contracts.history import CONTRACT_VERSION
 from ._output import add_output_options
+
+if TYPE_CHECKING:  # annotations only: registering the parser stays cheap
+    from ..conformance.selection import Selection
 
 __all__ = ["register", "run"]
 
@@ -124,10 +127,10 @@ def run(args: argparse.Namespace) -> int:
         return usage_error("check", str(exc))
 
 
-def _behaviour_checks(selection: Any, levels: tuple[str, ...]) -> list[str] | None:
+def _behaviour_checks(selection: Selection, levels: tuple[str, ...]) -> list[str] | None:
     """The battery checks ``--select``/``--deselect`` leave (None: all, or no behaviour)."""
     if selection.everything or "behaviour" not in levels:
         return None
-    from ..conformance.behaviour import BATTERY
+    from ..conformance.battery_ids import battery_ids
 
-    return list(selection.behaviour_checks(BATTERY))
+    return list(selection.behaviour_checks(battery_ids()))

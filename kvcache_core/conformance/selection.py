@@ -33,9 +33,9 @@ def _ids(values: Sequence[str] | None) -> list[str]:
 
 
 def _battery_ids() -> tuple[str, ...]:
-    from .behaviour import BATTERY  # imports torch: only when an id is not a rule id
+    from .battery_ids import battery_ids  # read from source: no torch
 
-    return tuple(BATTERY)
+    return battery_ids()
 
 
 @dataclass(frozen=True)
@@ -95,8 +95,8 @@ def parse_selection(
 ) -> Selection:
     """``--select``/``--deselect`` values as a ``Selection``.
 
-    ``battery`` is the behaviour check ids (default: the registered battery, imported only
-    when an id given is not a rule id). Raises ``UsageError`` on an unknown id.
+    ``battery`` is the behaviour check ids (default: the battery's, read from its source
+    without importing it). Raises ``UsageError`` on an unknown id.
     """
     chosen, removed = _ids(select), _ids(deselect)
     if select is not None and not chosen:
