@@ -191,6 +191,33 @@ def kvcache_pool_specs():
                      factory=create)]
 """,
     "broken_syntax": "def kvcache_pool_specs(:\n",
+    # the class statement is not what the name holds at hook time: a loop rebinds it
+    "rebound_in_loop": HEADER
+    + """
+for FakePool in (FakeAllocator,):
+    pass
+
+@hookimpl
+def kvcache_pool_specs():
+    return [PoolSpec(name="looped", pool_class=FakePool, allocator_class=FakeAllocator,
+                     factory=create)]
+""",
+    # a decorator that returns something else replaces the class its statement reads as
+    "replaced_by_decorator": HEADER
+    + """
+def swap(cls):
+    return FakeAllocator
+
+@swap
+class Swapped:
+    def get_key_buffer(self, layer_id):
+        return None
+
+@hookimpl
+def kvcache_pool_specs():
+    return [PoolSpec(name="swapped", pool_class=Swapped, allocator_class=FakeAllocator,
+                     factory=create)]
+""",
 }
 
 
