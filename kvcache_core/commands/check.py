@@ -18,7 +18,11 @@ from ..contracts.history import CONTRACT_VERSION
 from ._output import add_output_options
 
 if TYPE_CHECKING:  # annotations only: registering the parser stays cheap
+    from collections.abc import Sequence
+
     from ..conformance.selection import Selection
+    from ..conformance.target import ClassTarget
+    from ..contracts.spec import PoolSpec
 
 __all__ = ["register", "run"]
 
@@ -77,7 +81,7 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     # Imported here, not at module level: registering the parser must stay cheap, and which of
     # these pull in torch depends on the targets (plugins do; paths at --level source do not).
-    from ..conformance.expected import check_known_ids
+    from ..conformance.expected import check_applicable, check_known_ids
     from ..conformance.resolve import parse_protocols, resolve_targets
     from ..conformance.runner import (
         active_rules,
@@ -103,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
         targets, results = resolve_targets(
             args.targets, against=against, index=index, read_plugins=levels == ("source",)
         )
+        if expected and "behaviour" in levels:
+            check_applicable(expected, _checked_specs(targets))
         status = Progress(sys.stderr)  # a status line on a terminal only
         try:
             results += run_levels(
@@ -127,10 +133,27 @@ def run(args: argparse.Namespace) -> int:
         return usage_error("check", str(exc))
 
 
+def _checked_specs(targets: Sequence[ClassTarget]) -> dict[str, PoolSpec]:
+    """The specs of the pools the behaviour level will run, by pool name."""
+    from ..conformance.plugins import plugin_specs
+
+    pairs: set[tuple[str, str]] = set()
+    for t in targets:
+        pairs.update(t.serves)
+        if t.plugin is not None and t.pool is not None:
+            pairs.add((t.plugin, t.pool))
+    return {
+        spec.name: spec
+        for plugin in sorted({p for p, _ in pairs})
+        for spec in plugin_specs(plugin)
+        if (plugin, spec.name) in pairs
+    }
+
+
 def _behaviour_checks(selection: Selection, levels: tuple[str, ...]) -> list[str] | None:
     """The battery checks ``--select``/``--deselect`` leave (None: all, or no behaviour)."""
     if selection.everything or "behaviour" not in levels:
         return None
     from ..conformance.battery_ids import battery_ids
 
-    return list(selection.behaviour_checks(battery_ids()))
+    return selection.behaviour_checks(battery_ids())

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = [
     "SECTION",
     "ExpectedFailure",
+    "check_applicable",
     "check_known_ids",
     "expected_failures_for",
     "load_expected_failures",
@@ -167,6 +168,18 @@ def check_known_ids(configured: Iterable[ExpectedFailure]) -> None:
                 f"{entry.origin}: expected failure {entry.pool}/{entry.check}: unknown behaviour "
                 f"check {entry.check!r}; known: {', '.join(known)}"
             )
+
+
+def check_applicable(configured: Iterable[ExpectedFailure], specs: Mapping[str, PoolSpec]) -> None:
+    """Entries naming a pool of ``specs`` (the pools a run checks) name checks that run on it.
+
+    ``kvcache check`` calls it when the behaviour level runs: an expected failure of a check
+    the pool's capabilities never select would never be found stale.
+    """
+    for entry in configured:
+        spec = specs.get(entry.pool)
+        if spec is not None:
+            _check_ids(spec, [entry])
 
 
 def validate_expected_failures(

@@ -104,6 +104,16 @@ def test_an_unknown_expected_failure_check_is_a_usage_error_at_every_level(
     assert run_cli("check", str(drifted), "--level", "source", "--config", str(config)).code == 1
 
 
+def test_an_expected_failure_of_a_check_the_pool_never_runs_is_refused_by_the_battery(
+    run_cli, tmp_path: Path
+) -> None:
+    config = tmp_path / "pyproject.toml"
+    config.write_text('[tool.kvcache.expected-failures]\n"mha/swa-loc-window" = "no (#1)"\n')
+    run = run_cli("check", "mha", "--level", "behaviour", "--config", str(config))
+    assert run.code == 2 and "does not run on pool 'mha'" in run.err, run.err
+    assert run.results == []
+
+
 def test_source_level_selection_imports_no_torch(drifted: Path, tmp_path: Path) -> None:
     config = tmp_path / "pyproject.toml"
     config.write_text('[tool.kvcache.expected-failures]\n"mha/write-readback" = "known (#1)"\n')

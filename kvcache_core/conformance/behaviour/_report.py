@@ -46,7 +46,9 @@ def subject_location(check: BehaviourCheck, spec: PoolSpec) -> Location | None:
 def _last(statements: list[ast.stmt]) -> ast.stmt:
     """The statement that runs last in source order, inside loops, ``with`` and ``if``."""
     last = statements[-1]
-    if isinstance(last, (ast.For, ast.While, ast.With, ast.If)) and not last.orelse:
+    if isinstance(last, ast.With) or (
+        isinstance(last, (ast.For, ast.While, ast.If)) and not last.orelse
+    ):
         return _last(last.body)
     return last
 
