@@ -19,6 +19,7 @@ Where the generated package gets kvcache from is decided here too
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import metadata, resources
 from pathlib import Path
@@ -172,40 +173,49 @@ def kvcache_requirement() -> str:
     install's metadata (``direct_url.json``, PEP 610; see
     [`requirement_for`][kvcache_core.scaffold.requirement_for]).
 
-    A kvcache imported from a checkout that is not installed at all (``PYTHONPATH``) is named
-    by a direct reference to that checkout's directory.
+    The installed distribution that provides the ``kvcache_core`` being run decides; a
+    checkout's own build metadata (``kvcache.egg-info`` beside its sources) is not an install
+    and is skipped. A kvcache imported from a checkout that is not installed at all
+    (``PYTHONPATH``) is named by a direct reference to that checkout.
     """
-    try:
-        dist = metadata.distribution(_DISTRIBUTION)
-    except metadata.PackageNotFoundError:
-        dist = None
-    checkout = Path(__file__).resolve().parent.parent
-    if dist is None or not _same_install(dist, checkout):
-        if (checkout / "pyproject.toml").is_file():
-            return f"{_DISTRIBUTION} @ {checkout.as_uri()}"
-        if dist is None:  # pragma: no cover - a kvcache neither installed nor a checkout
-            raise RuntimeError("cannot tell where this kvcache came from")
-    assert dist is not None
-    return requirement_for(dist.version, dist.read_text("direct_url.json"))
+    package = Path(__file__).resolve().parent
+    checkout = package.parent
+    found = _installed_requirement(metadata.distributions(name=_DISTRIBUTION), package)
+    if found is not None:
+        return found
+    if (checkout / "pyproject.toml").is_file():
+        return f"{_DISTRIBUTION} @ {checkout.as_uri()}"
+    return requirement_for(_own_version(), None)  # pragma: no cover - neither installed nor a checkout
 
 
-def _same_install(dist: metadata.Distribution, checkout: Path) -> bool:
-    """Whether ``dist`` is the kvcache this module was imported from (and not, say, another
-    kvcache installed in the environment while a checkout is first on ``sys.path``)."""
-    try:
-        located = Path(str(dist.locate_file("kvcache_core"))).resolve()
-    except (OSError, NotImplementedError):  # pragma: no cover - unusual finders
-        return True
-    if located == checkout / "kvcache_core":
-        return True
-    direct = dist.read_text("direct_url.json")
-    if direct is None:
-        return False
-    try:
-        url = json.loads(direct).get("url", "")
-    except ValueError:
-        return False
-    return isinstance(url, str) and url.rstrip("/") == checkout.as_uri().rstrip("/")
+def _installed_requirement(
+    dists: Iterable[metadata.Distribution], package: Path
+) -> str | None:
+    """The requirement for the first of ``dists`` that installed ``package`` (a directory
+    holding kvcache_core), or None."""
+    checkout = package.parent
+    for dist in dists:
+        home = Path(str(dist.locate_file(""))).resolve()
+        direct = dist.read_text("direct_url.json")
+        if direct is not None:
+            try:
+                url = json.loads(direct).get("url", "")
+            except (ValueError, AttributeError):
+                continue
+            # An install from this very checkout (editable or not): the checkout is the source.
+            if isinstance(url, str) and url.rstrip("/") == checkout.as_uri().rstrip("/"):
+                return requirement_for(dist.version, direct)
+        if home == checkout and (checkout / "pyproject.toml").is_file():
+            continue  # the checkout's own egg-info: build metadata, not an install
+        if Path(str(dist.locate_file("kvcache_core"))).resolve() == package:
+            return requirement_for(dist.version, direct)
+    return None
+
+
+def _own_version() -> str:
+    from . import __version__
+
+    return __version__
 
 
 def render(
