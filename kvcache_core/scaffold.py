@@ -185,12 +185,11 @@ def kvcache_requirement() -> str:
         return found
     if (checkout / "pyproject.toml").is_file():
         return f"{_DISTRIBUTION} @ {checkout.as_uri()}"
-    return requirement_for(_own_version(), None)  # pragma: no cover - neither installed nor a checkout
+    # Neither installed nor a checkout (a copied tree): the release this is, from an index.
+    return requirement_for(_own_version(), None)
 
 
-def _installed_requirement(
-    dists: Iterable[metadata.Distribution], package: Path
-) -> str | None:
+def _installed_requirement(dists: Iterable[metadata.Distribution], package: Path) -> str | None:
     """The requirement for the first of ``dists`` that installed ``package`` (a directory
     holding kvcache_core), or None."""
     checkout = package.parent
@@ -242,7 +241,8 @@ def render(
     files = _COMMON + _KIND_FILES[kind]
     if storage != "full":
         files = tuple(
-            _Template("mha/pool_quantized.py.tmpl", t.target) if t.source == "mha/pool.py.tmpl"
+            _Template("mha/pool_quantized.py.tmpl", t.target)
+            if t.source == "mha/pool.py.tmpl"
             else t
             for t in files
         )

@@ -61,7 +61,9 @@ def test_every_kind_renders_a_package_with_pool_tests_ci_readme_and_licence():
 
 
 def test_unknown_kinds_and_storages_are_refused_by_render():
-    with pytest.raises(ValueError, match="unknown kind 'gqa'.*mha, mla, dsa, swa, mamba"):
+    with pytest.raises(
+        ValueError, match=r"unknown kind 'gqa' \(kinds: mha, mla, dsa, swa, mamba, hisparse\)"
+    ):
         render("p", "p", "gqa", requirement="kvcache")
     with pytest.raises(ValueError, match="offered for --kind mha"):
         render("p", "p", "swa", storage="fp8", requirement="kvcache")
@@ -225,3 +227,51 @@ def test_the_licence_is_apache_2_at_the_top_and_in_every_scaffold():
         files = render("my-pool", "my_pool", kind, requirement="kvcache")
         assert files["LICENSE"] == text
         assert 'license = { text = "Apache-2.0" }' in files["pyproject.toml"]
+
+
+# -- the docs ----------------------------------------------------------------------------------
+
+DOC = ROOT / "docs" / "pool-authors.md"
+
+
+def _section(title: str) -> str:
+    text = DOC.read_text(encoding="utf-8")
+    start = text.index(f"## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else None]
+
+
+def test_the_kinds_table_lists_exactly_the_scaffolded_kinds():
+    hour = _section("Your first hour")
+    rows = [line.split("|")[1].strip() for line in hour.splitlines() if line.startswith("| `")]
+    assert [r.split("`")[1] for r in rows][1:] == list(KINDS)  # after the header row
+
+
+def test_the_porting_guide_names_real_config_fields_and_public_helpers():
+    import dataclasses
+
+    import kvcache_core
+    from kvcache_core import PoolConfig
+
+    porting = _section("Porting a pool from sglang")
+    fields = {f.name for f in dataclasses.fields(PoolConfig)}
+    named = [
+        "swa_size", "swa_layer_ids", "mamba_size", "mamba_layer_ids", "conv_state_shapes",
+        "temporal_state_shape", "mamba_dtype", "kv_lora_rank", "qk_rope_head_dim",
+        "index_head_dim", "start_layer", "options",
+    ]  # fmt: skip
+    for name in named:
+        assert f"`{name}`" in porting or f"`{name}`," in porting or name in porting, name
+        assert name in fields, name
+    for helper in ("unwrap_write_loc", "expect_snapshot", "check_slots", "check_rows"):
+        assert helper in porting and helper in kvcache_core.__all__
+    for cap in ("offload", "paged", "mla", "indexer", "sliding-window", "mamba-state", "hisparse"):
+        assert f"`{cap}`" in porting
+    assert "engines.md#coming-from-sglang" in porting
+
+
+def test_depending_on_kvcache_shows_what_requirement_for_writes():
+    section = _section("Depending on kvcache")
+    assert f'"{requirement_for("0.1.0", None)}"' in section
+    checkout = json.dumps({"url": "file:///path/to/kvcache", "dir_info": {}})
+    assert f'"{requirement_for("0.1.0", checkout)}"' in section
