@@ -261,7 +261,7 @@ def validate_spec(spec: object) -> tuple[Finding, ...] | str:
 
     Returns the error findings (empty when valid), or a reason string when the spec is not
     even a ``PoolSpec`` of a compatible contract version, or when validating it raised. The
-    body rules are not run here (see :attr:`AcceptedPool.warnings`).
+    body rules are not run here (see `AcceptedPool.warnings`).
     """
     try:
         problem = spec_shape_problem(spec)

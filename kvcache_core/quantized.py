@@ -4,9 +4,9 @@ Why a helper: a quantised KV cache (int8 or fp8, with a scale per token or per b
 token's row) is a main reason to write a pool of one's own, and every such pool needs the same
 pieces: quantise on write, dequantise on read, gather values *and* scales into one snapshot,
 scatter both back, and describe both parts so ``expect_snapshot`` can validate a snapshot
-before any byte is written. :class:`QuantizedLayerRows` is those pieces, built on the same
-rules as :class:`~kvcache_core.LayerRows` (``index_select`` into a preallocated host tensor;
-fp8 kept as uint8 because indexing kernels lack fp8).
+before any byte is written. [`QuantizedLayerRows`][kvcache_core.QuantizedLayerRows] is those
+pieces, built on the same rules as [`LayerRows`][kvcache_core.LayerRows] (``index_select``
+into a preallocated host tensor; fp8 kept as uint8 because indexing kernels lack fp8).
 
 Why power-of-two scales: a scale ``2**e`` makes dequantisation (``q * scale``) exact and makes
 quantisation exact for every value that fits ``qmax`` steps of that scale, so a pool built on
@@ -49,9 +49,9 @@ class QuantizedLayerRows:
     ``quant_dtype`` is ``torch.int8`` or an fp8 dtype (kept as uint8 in storage). ``block``
     is the number of trailing row elements that share one scale: ``None`` means one scale per
     row (per token); otherwise it must divide the row's element count, and a row has
-    ``row_numel // block`` scales. ``dtype`` is the compute dtype that :meth:`dequantize`
+    ``row_numel // block`` scales. ``dtype`` is the compute dtype that `dequantize`
     returns and that writes are cast from. ``page_size`` is the pool's: offloads of whole
-    pages are copied a page at a time, as in :class:`~kvcache_core.LayerRows`.
+    pages are copied a page at a time, as in [`LayerRows`][kvcache_core.LayerRows].
     """
 
     def __init__(
@@ -141,7 +141,7 @@ class QuantizedLayerRows:
     def write(
         self, local_id: int, slots: torch.Tensor, stored: torch.Tensor, scales: torch.Tensor
     ) -> None:
-        """Scatter what :meth:`quantize` returned into one layer."""
+        """Scatter what `quantize` returned into one layer."""
         self.data[local_id].index_copy_(0, slots, stored)
         self.scales[local_id].index_copy_(0, slots, scales)
 
@@ -153,7 +153,7 @@ class QuantizedLayerRows:
         )
 
     def scatter(self, slots: torch.Tensor, values: torch.Tensor, scales: torch.Tensor) -> None:
-        """Write what :meth:`gather` returned back at ``slots`` of every layer."""
+        """Write what `gather` returned back at ``slots`` of every layer."""
         scatter_rows(self.data, slots, values, self.page_size)
         scatter_rows(self.scales, slots, scales, self.page_size)
 
