@@ -67,28 +67,42 @@ class QuantizedLayerRows:
         page_size: int = 1,
     ) -> None:
         self.dtype = dtype
+        """The compute dtype ``dequantize`` returns and writes are cast from."""
         self.quant_dtype = quant_dtype
+        """What values are quantised to: ``torch.int8`` or an fp8 dtype."""
         self.qmax = _qmax(quant_dtype)
+        """The largest magnitude ``quant_dtype`` holds (127 for int8): scales map each group's
+        absolute maximum to at most this."""
         self.store_dtype = quant_dtype if quant_dtype == torch.int8 else storage_dtype(quant_dtype)
+        """The dtype ``data`` holds (int8, or uint8 for fp8)."""
         self.row_shape = tuple(int(d) for d in row_shape)
+        """The shape of one row."""
         row_numel = 1
         for d in self.row_shape:
             row_numel *= d
         if block is not None and (block <= 0 or row_numel % block):
             raise ShapeMismatchError(f"block {block} does not divide a row of {row_numel} values")
         self.block = row_numel if block is None else block
+        """Row elements that share one scale (the whole row when ``block`` was None)."""
         self.groups = row_numel // self.block
+        """Scales per row."""
         self.device = device
+        """Where values and scales live."""
         self.page_size = int(page_size)
+        """Slots per page of the pool: whole-page offloads are copied a page at a time."""
         self.data = host_zeros((layers, rows, *self.row_shape), self.store_dtype, device)
+        """The quantised values, ``[layers, rows, *row_shape]`` in ``store_dtype``."""
         self.scales = host_zeros((layers, rows, self.groups), torch.float32, device).fill_(1.0)
+        """The float32 scales, ``[layers, rows, groups]`` (1 for rows never written)."""
 
     @property
     def layers(self) -> int:
+        """Number of layers held."""
         return int(self.data.shape[0])
 
     @property
     def rows(self) -> int:
+        """Rows per layer."""
         return int(self.data.shape[1])
 
     @property

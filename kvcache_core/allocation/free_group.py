@@ -54,6 +54,8 @@ class FreeGroup:
     _group: list[torch.Tensor] | None = None
 
     def free(self, indices: torch.Tensor) -> None:
+        """The allocator's own free; it starts with ``if self._collect(indices): return`` so
+        that a call inside a group is collected instead."""
         raise NotImplementedError  # provided by the allocator using this mixin
 
     def _free_calls(self, calls: list[torch.Tensor]) -> None:

@@ -333,15 +333,20 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
         if size % page_size:
             raise AllocatorError(f"size {size} is not a multiple of page_size {page_size}")
         self.size = size
+        """Usable slots (slot 0 and the rest of page 0 are never handed out)."""
         self.page_size = page_size
+        """Slots per page: every allocation is of whole pages."""
         self.num_pages = size // page_size
+        """Usable pages, ``size // page_size``."""
         self.device = torch.device(device) if device is not None else kvcache.device
+        """Where returned slot tensors live (default: the pool's device)."""
         self._kvcache = kvcache
         self._free = _FreeIds(self.num_pages)
         self._pending: list[torch.Tensor] = []
         self._pending_ids = 0  # how many ids ``_pending`` holds
         self._offsets = torch.arange(page_size, dtype=torch.int64)
         self.eager_checks = eager_checks
+        """Check each host-side free on the spot instead of in the next batch (debugging)."""
         self._on_host = self.device.type == "cpu"
         #: Set by a composite allocator that owns this one: called at every settle with the
         #: queued calls (the very tensors `_enqueue` got), their host copies (the same
@@ -562,6 +567,10 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
         return ("paged-slot-allocator", id(self), self._free.snapshot())
 
     def restore_state(self, state: object) -> None:
+        """Go back to a ``backup_state()`` of this allocator: undoes every alloc and free since.
+
+        :raises AllocatorError: ``state`` is not a backup of this allocator.
+        """
         if not (
             isinstance(state, tuple)
             and len(state) == 3
@@ -585,6 +594,7 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
         self._free.reset()
 
     def get_kvcache(self) -> KVPool:
+        """The pool this allocator hands out slots of (offload calls go there)."""
         return self._kvcache
 
     # -- paged allocation ------------------------------------------------------------------
