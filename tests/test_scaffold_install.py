@@ -1,21 +1,22 @@
-"""Every kind's scaffold installs into a fresh virtual environment and passes there.
+"""Every kind's scaffold (and both quantised storages) installs into a fresh virtual
+environment and passes there.
 
 The claim under test (docs/pool-authors.md, "Depending on kvcache"): a package made by
 ``kvcache new-pool`` installs outside this checkout, because its kvcache requirement says
 where the generating kvcache came from, and then passes ``kvcache check`` at every level and
 its own behaviour battery. So the environment here sees this checkout only through that
 requirement: a new virtual environment (no system site-packages), no ``PYTHONPATH``, run from a
-directory outside the checkout, with a plain ``pip install`` of the six scaffolds that lets pip
+directory outside the checkout, with a plain ``pip install`` of the scaffolds that lets pip
 resolve kvcache (and everything kvcache needs) from the requirement alone.
 
-Why one environment for all six kinds, and torch linked rather than installed: torch is the
+Why one environment for all of them, and torch linked rather than installed: torch is the
 cost (unpacking its wheel takes most of a minute) and it is not what is under test. The fresh
 environment gets this interpreter's torch as hard links (a copy where links cannot be made), its
 ``.dist-info`` included, so pip counts it as installed and resolves everything else itself,
 torch's own dependencies too. The scaffolds are built without build isolation (setuptools is
 installed into the environment first), which saves an isolated build environment per package.
-Then one ``kvcache check`` checks all six pools and one pytest run collects all six packages'
-tests.
+Then one ``kvcache check`` checks all eight pools and one pytest run collects all eight
+packages' tests.
 """
 
 from __future__ import annotations
@@ -38,12 +39,19 @@ ROOT = Path(__file__).resolve().parent.parent
 CONSTRAINTS = ROOT / "constraints" / "torch-cpu.txt"
 
 
-def _names() -> dict[str, str]:
-    return {kind: f"fresh-{kind}" for kind in KINDS}
+#: Every kind, and the quantised storages of the kind that has them: (kind, storage).
+VARIANTS = [*((kind, "full") for kind in KINDS), ("mha", "int8"), ("mha", "fp8")]
+
+
+def _names() -> dict[tuple[str, str], str]:
+    return {
+        (kind, storage): f"fresh-{kind}" if storage == "full" else f"fresh-{kind}-{storage}"
+        for kind, storage in VARIANTS
+    }
 
 
 class Fresh:
-    """A fresh environment holding the six scaffolds: where they are and how to run there."""
+    """A fresh environment holding the scaffolds: where they are and how to run there."""
 
     def __init__(self, work: Path) -> None:
         self.work = work
@@ -90,9 +98,10 @@ def _give_torch(env: Fresh) -> None:
 def fresh(tmp_path_factory: pytest.TempPathFactory) -> Fresh:
     work = tmp_path_factory.mktemp("fresh")
     env = Fresh(work)
-    for kind, name in _names().items():
+    for (kind, storage), name in _names().items():
+        command = ["new-pool", name, "--kind", kind, "--storage", storage]
         made = subprocess.run(
-            [sys.executable, "-m", "kvcache_core.cli", "new-pool", name, "--kind", kind],
+            [sys.executable, "-m", "kvcache_core.cli", *command],
             cwd=work,
             capture_output=True,
             text=True,
@@ -161,7 +170,7 @@ def test_each_scaffolds_own_tests_pass_there(fresh):
     passed = re.search(r"(\d+) passed", run.stdout)
     assert passed is not None, run.stdout
     # Every package contributes its battery: at least one case per check and package.
-    assert int(passed.group(1)) >= 12 * len(KINDS), run.stdout
+    assert int(passed.group(1)) >= 12 * len(VARIANTS), run.stdout
 
 
 def test_the_fresh_kvcache_scaffolds_with_the_same_requirement(fresh):
