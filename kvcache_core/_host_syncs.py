@@ -1,7 +1,7 @@
 """Counting host syncs without a GPU (private: for the allocator tests and ``make bench``).
 
 On an accelerator every read of device data back to the host waits for the device queue to
-drain (a sync). Without CUDA, :class:`DeviceIds` stands in: CPU data standing for device data,
+drain (a sync). Without CUDA, `DeviceIds` stands in: CPU data standing for device data,
 that records each operation that would force a device -> host read on CUDA:
 
 - an explicit read: ``bool(t)``, ``int(t)``, ``t.item()``, ``t.tolist()``, ``t.numpy()``;
@@ -11,7 +11,7 @@ that records each operation that would force a device -> host read on CUDA:
 
 Everything computed from a ``DeviceIds`` stays one (torch keeps the subclass), so the count
 follows the data the way it would flow on a device. Give an allocator's device-resident tables
-the same treatment with :func:`as_device` (a view sharing storage) to count reads of them too.
+the same treatment with `as_device` (a view sharing storage) to count reads of them too.
 
 Why here and not under ``tests/``: ``benchmarks/_allocator.py`` prints the same counts the tests
 pin, and the benchmark can import ``kvcache_core`` but not the test package. Nothing in the
@@ -77,7 +77,7 @@ def as_device(tensor: torch.Tensor) -> DeviceIds:
 
 
 def count_host_syncs(call: Callable[[], object]) -> list[str]:
-    """The host syncs ``call()`` makes on :class:`DeviceIds` data, in order."""
+    """The host syncs ``call()`` makes on `DeviceIds` data, in order."""
     DeviceIds.syncs = []
     try:
         call()

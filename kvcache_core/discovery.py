@@ -113,13 +113,18 @@ class Rejection:
     """
 
     plugin: PluginInfo
+    """The entry point (name, target, distribution and version)."""
     reason: str
+    """Why, in one line: an import error's summary, contract drift, a duplicate name."""
     pool: str | None = None
+    """The pool's name when one pool of the plugin was refused; None for the plugin."""
     findings: tuple[Finding, ...] = ()
-    #: The spec, when the plugin returned one (for its declared contract and capabilities).
+    """The checker's findings when the reason is contract drift."""
     spec: PoolSpec | None = None
+    """The spec, when the plugin returned one (for its declared contract and capabilities)."""
 
     def __str__(self) -> str:
+        """One line: which plugin (and pool) and why, as ``kvcache list`` prints it."""
         what = (
             f"pool {self.pool!r} of plugin {self.plugin}" if self.pool else f"plugin {self.plugin}"
         )
@@ -140,8 +145,11 @@ class Registry:
     """
 
     accepted: dict[str, AcceptedPool] = field(default_factory=dict)
+    """Validated pools by pool name, each with its spec and plugin."""
     rejected: list[Rejection] = field(default_factory=list)
+    """Every [`Rejection`][kvcache_core.Rejection], in discovery order."""
     skipped: list[tuple[PluginInfo, str]] = field(default_factory=list)
+    """Plugins not loaded because of the allow/deny lists or autoload, with why."""
 
     def names(self) -> list[str]:
         """The accepted pools' names, sorted."""
@@ -261,7 +269,7 @@ def validate_spec(spec: object) -> tuple[Finding, ...] | str:
 
     Returns the error findings (empty when valid), or a reason string when the spec is not
     even a ``PoolSpec`` of a compatible contract version, or when validating it raised. The
-    body rules are not run here (see :attr:`AcceptedPool.warnings`).
+    body rules are not run here (see `AcceptedPool.warnings`).
     """
     try:
         problem = spec_shape_problem(spec)

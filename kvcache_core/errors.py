@@ -67,6 +67,7 @@ class PluginRejectedError(KVCacheError, RuntimeError):
 
     def __init__(self, rejected: list[object]) -> None:
         self.rejected = rejected
+        """Every rejection, each printing as one line (plugin and reason)."""
         lines = [f"{len(rejected)} kvcache plugin(s) rejected:"]
         lines += [f"  - {r}" for r in rejected]
         super().__init__("\n".join(lines))

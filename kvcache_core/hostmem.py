@@ -20,8 +20,9 @@ on the memoryview fires exactly when the last view dies, in whichever thread dro
 does the block return to the cache (under a lock). A block is never reused while any part of it
 is referenced, so snapshots stay independent.
 
-The cache holds at most :func:`host_cache_limit` bytes (default 1 GiB, or the environment
-variable ``KVCACHE_HOST_CACHE_BYTES`` read at import; :func:`set_host_cache_limit` changes it).
+The cache holds at most `host_cache_limit` bytes (default 1 GiB, or the environment
+variable ``KVCACHE_HOST_CACHE_BYTES`` read at import;
+[`set_host_cache_limit`][kvcache_core.set_host_cache_limit] changes it).
 A block returned while the cache is full is unmapped (its memory goes back to the OS), and so
 are the oldest cached blocks when the limit is lowered.
 

@@ -4,9 +4,9 @@ Why a helper: a quantised KV cache (int8 or fp8, with a scale per token or per b
 token's row) is a main reason to write a pool of one's own, and every such pool needs the same
 pieces: quantise on write, dequantise on read, gather values *and* scales into one snapshot,
 scatter both back, and describe both parts so ``expect_snapshot`` can validate a snapshot
-before any byte is written. :class:`QuantizedLayerRows` is those pieces, built on the same
-rules as :class:`~kvcache_core.LayerRows` (``index_select`` into a preallocated host tensor;
-fp8 kept as uint8 because indexing kernels lack fp8).
+before any byte is written. [`QuantizedLayerRows`][kvcache_core.QuantizedLayerRows] is those
+pieces, built on the same rules as [`LayerRows`][kvcache_core.LayerRows] (``index_select``
+into a preallocated host tensor; fp8 kept as uint8 because indexing kernels lack fp8).
 
 Why power-of-two scales: a scale ``2**e`` makes dequantisation (``q * scale``) exact and makes
 quantisation exact for every value that fits ``qmax`` steps of that scale, so a pool built on
@@ -49,9 +49,9 @@ class QuantizedLayerRows:
     ``quant_dtype`` is ``torch.int8`` or an fp8 dtype (kept as uint8 in storage). ``block``
     is the number of trailing row elements that share one scale: ``None`` means one scale per
     row (per token); otherwise it must divide the row's element count, and a row has
-    ``row_numel // block`` scales. ``dtype`` is the compute dtype that :meth:`dequantize`
+    ``row_numel // block`` scales. ``dtype`` is the compute dtype that `dequantize`
     returns and that writes are cast from. ``page_size`` is the pool's: offloads of whole
-    pages are copied a page at a time, as in :class:`~kvcache_core.LayerRows`.
+    pages are copied a page at a time, as in [`LayerRows`][kvcache_core.LayerRows].
     """
 
     def __init__(
@@ -67,28 +67,42 @@ class QuantizedLayerRows:
         page_size: int = 1,
     ) -> None:
         self.dtype = dtype
+        """The compute dtype ``dequantize`` returns and writes are cast from."""
         self.quant_dtype = quant_dtype
+        """What values are quantised to: ``torch.int8`` or an fp8 dtype."""
         self.qmax = _qmax(quant_dtype)
+        """The largest magnitude ``quant_dtype`` holds (127 for int8): scales map each group's
+        absolute maximum to at most this."""
         self.store_dtype = quant_dtype if quant_dtype == torch.int8 else storage_dtype(quant_dtype)
+        """The dtype ``data`` holds (int8, or uint8 for fp8)."""
         self.row_shape = tuple(int(d) for d in row_shape)
+        """The shape of one row."""
         row_numel = 1
         for d in self.row_shape:
             row_numel *= d
         if block is not None and (block <= 0 or row_numel % block):
             raise ShapeMismatchError(f"block {block} does not divide a row of {row_numel} values")
         self.block = row_numel if block is None else block
+        """Row elements that share one scale (the whole row when ``block`` was None)."""
         self.groups = row_numel // self.block
+        """Scales per row."""
         self.device = device
+        """Where values and scales live."""
         self.page_size = int(page_size)
+        """Slots per page of the pool: whole-page offloads are copied a page at a time."""
         self.data = host_zeros((layers, rows, *self.row_shape), self.store_dtype, device)
+        """The quantised values, ``[layers, rows, *row_shape]`` in ``store_dtype``."""
         self.scales = host_zeros((layers, rows, self.groups), torch.float32, device).fill_(1.0)
+        """The float32 scales, ``[layers, rows, groups]`` (1 for rows never written)."""
 
     @property
     def layers(self) -> int:
+        """Number of layers held."""
         return int(self.data.shape[0])
 
     @property
     def rows(self) -> int:
+        """Rows per layer."""
         return int(self.data.shape[1])
 
     @property
@@ -141,7 +155,7 @@ class QuantizedLayerRows:
     def write(
         self, local_id: int, slots: torch.Tensor, stored: torch.Tensor, scales: torch.Tensor
     ) -> None:
-        """Scatter what :meth:`quantize` returned into one layer."""
+        """Scatter what `quantize` returned into one layer."""
         self.data[local_id].index_copy_(0, slots, stored)
         self.scales[local_id].index_copy_(0, slots, scales)
 
@@ -153,7 +167,7 @@ class QuantizedLayerRows:
         )
 
     def scatter(self, slots: torch.Tensor, values: torch.Tensor, scales: torch.Tensor) -> None:
-        """Write what :meth:`gather` returned back at ``slots`` of every layer."""
+        """Write what `gather` returned back at ``slots`` of every layer."""
         scatter_rows(self.data, slots, values, self.page_size)
         scatter_rows(self.scales, slots, scales, self.page_size)
 

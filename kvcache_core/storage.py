@@ -238,11 +238,18 @@ class LayerRows:
         page_size: int = 1,
     ) -> None:
         self.dtype = dtype
+        """The compute dtype: what ``layer`` views rows as and what writes are cast to."""
         self.store_dtype = storage_dtype(dtype)
+        """The dtype the tensor holds (uint8 for fp8, else ``dtype``)."""
         self.row_shape = tuple(int(d) for d in row_shape)
+        """The shape of one row, e.g. ``(head_num, head_dim)``."""
         self.device = device
+        """Where the rows live."""
         self.page_size = int(page_size)
+        """Slots per page of the pool: whole-page offloads are copied a page at a time."""
         self.data = host_zeros((layers, rows, *self.row_shape), self.store_dtype, device)
+        """Every row, ``[layers, rows, *row_shape]`` in ``store_dtype``; kernels and custom
+        copies may use it directly."""
 
     @property
     def layers(self) -> int:

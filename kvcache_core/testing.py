@@ -82,6 +82,8 @@ class ConformanceFailure(AssertionError):
     def __init__(self, finding: Finding | None, fallback: str = "") -> None:
         super().__init__(format_finding(finding) if finding is not None else fallback)
         self.finding = finding
+        """The finding itself (None when the check could not produce one), for reporters
+        that want its fields rather than its text."""
 
 
 def check_conformance(
@@ -118,10 +120,15 @@ class ConformanceCase:
     declares one the battery cannot honour), described by ``rejection``."""
 
     pool: str
+    """The pool's name (or the plugin's, for a rejected plugin)."""
     check: str
+    """The behaviour check's id, or the kind of problem when ``spec`` is None."""
     spec: PoolSpec | None
+    """The spec the check runs on; None when there is nothing to run."""
     expected: ExpectedFailure | None = None
+    """The declared expected failure of this check on this pool, if any (an xfail mark)."""
     rejection: str = ""
+    """Why there is nothing to run, when ``spec`` is None."""
 
     @property
     def id(self) -> str:

@@ -16,7 +16,7 @@ Freeing follows the logical side's verdict. ``free`` drops residency in the devi
 (the pages may not be read through it any more), without reading the ids back (no host sync);
 the host page table still names the device pages until the logical side, which checks its
 queued calls in a batch, reports each call's verdict when it settles
-(:meth:`HiSparseSlotAllocator._residency_settled`): an applied call's device pages are freed and
+(`HiSparseSlotAllocator._residency_settled`): an applied call's device pages are freed and
 its pages leave the host table, a rejected call's device table rows are put back. So a bad free
 found late (at the queue bound, in a free group) neither leaks device pages nor leaves a free
 logical page marked resident. A free logical page is never resident once its free settled, which
@@ -53,7 +53,7 @@ def empty_logical_to_device(rows: int, device: torch.device) -> torch.Tensor:
 
 
 class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
-    """Allocates logical slots of a :class:`HiSparsePool` and manages their device residency."""
+    """Allocates logical slots of a `HiSparsePool` and manages their device residency."""
 
     def __init__(self, kvcache: HiSparsePool, device: torch.device | str | None = None) -> None:
         self._kvcache = kvcache
@@ -383,7 +383,7 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         after the backup may have seen its device page reused and rewritten by another request;
         restoring the table alone would make it "resident" at a device page holding that
         request's rows, and reads, offload and kernels all prefer the device row. Granting
-        residency fills a page from the store (see :meth:`_make_resident`); restoring it is a
+        residency fills a page from the store (see `_make_resident`); restoring it is a
         grant too. Why only the pages whose device page changed, not every resident page: a
         page that kept its device page was consistent before the restore and still is
         (write-through), so refilling it would only cost a copy per resident page on every

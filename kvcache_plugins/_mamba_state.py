@@ -173,7 +173,7 @@ class MambaSlotAllocator(FreeGroup):
     """Request slots ``1..size`` for Mamba state: a host stack of free ids with a top pointer.
 
     ``alloc`` hands out the lowest ids first on a fresh allocator and is never partial; freeing
-    slot 0, an id twice, or an id that is already free raises :class:`DoubleFreeError` before
+    slot 0, an id twice, or an id that is already free raises `DoubleFreeError` before
     anything changes. Frees are checked on the spot (no queue): a request frees one slot, so
     there is nothing to batch. Free groups and backup/restore behave as the token allocators'
     do, so an engine can evict and roll back request slots along with token slots.
@@ -186,17 +186,17 @@ class MambaSlotAllocator(FreeGroup):
     per request; the reservation makes each of those ``alloc(1)`` calls succeed whatever runs
     in between. Choices, each so that a mistake is seen where it is made:
 
-    - reserving more than ``available_size()`` raises :class:`AllocatorError` (nothing
+    - reserving more than ``available_size()`` raises `AllocatorError` (nothing
       reserved, no group opened) rather than returning None: the begin has no result an engine
       would look at, and a silent shortfall would surface later as one ``alloc(1)`` failing in
       the middle of the batch;
     - a begin inside an open group, an end without a begin, or a ``num_reqs`` that is not an
-      int >= 0 raise :class:`AllocatorError` and change nothing;
+      int >= 0 raise `AllocatorError` and change nothing;
     - while a group is open, ``available_size()`` counts the free list only (the reserved
-      slots are spoken for; :meth:`alloc_group_reserved` counts them), an ``alloc(n)`` that the
+      slots are spoken for; `alloc_group_reserved` counts them), an ``alloc(n)`` that the
       reservation cannot cover takes from the free list as outside a group (the reservation
       is a floor for the batch, not a cap), and freeing a reserved slot that was not handed
-      out is a :class:`DoubleFreeError` (it is not allocated);
+      out is a `DoubleFreeError` (it is not allocated);
     - ``backup_state`` records the open group and what is left of its reservation, and
       ``restore_state`` brings that back exactly (a backup taken before the begin closes the
       group again); ``clear()`` frees every slot and closes the group.
@@ -246,7 +246,7 @@ class MambaSlotAllocator(FreeGroup):
 
     def alloc_group_begin(self, num_reqs: int) -> None:
         """Reserve ``num_reqs`` slots that the following ``alloc`` calls hand out (see the
-        class doc); raises :class:`AllocatorError` when fewer are free or a group is open."""
+        class doc); raises `AllocatorError` when fewer are free or a group is open."""
         if not isinstance(num_reqs, int) or isinstance(num_reqs, bool) or num_reqs < 0:
             raise AllocatorError(f"num_reqs must be an int >= 0, got {num_reqs!r}")
         if self._reserved is not None:

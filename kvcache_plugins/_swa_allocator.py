@@ -1,6 +1,6 @@
 """The SWA allocator: a full slot and a window slot per token, and the table between them.
 
-It composes two :class:`PagedSlotAllocator`s (full side, window side) and owns the
+It composes two `PagedSlotAllocator`s (full side, window side) and owns the
 ``full_to_swa`` table, which it registers with the pool. It always returns *full* slot ids;
 ``mapping[full]`` is the token's window slot, 0 once the token left the window (``free_swa``).
 
@@ -14,7 +14,7 @@ Freeing follows the full side's verdict. ``free`` clears the table entries at on
 write through them any more) but keeps the window slots aside with the call, without reading
 the ids back (no host sync: ids out of range or 0 just take no part); the full side checks its
 queued calls in a batch (range, slot 0, double frees), and when it settles it reports each
-call's verdict (:meth:`_window_settled`, which reads what the whole batch holds in one copy):
+call's verdict (`_window_settled`, which reads what the whole batch holds in one copy):
 an applied call's window slots are freed, a rejected call's entries are put back. So a bad
 free found late (at the queue bound, in a free group) never leaves a window slot without an
 owner, and a rejected call changes nothing on either side.
@@ -67,7 +67,7 @@ class SWASlotAllocator(FreeGroup):
     """Allocates full and window slots together; both sides are paged by ``page_size``.
 
     ``size`` and ``available_size()`` are the smaller side's (what a request can count on);
-    :meth:`full_available_size` and :meth:`swa_available_size` report each side.
+    `full_available_size` and `swa_available_size` report each side.
     """
 
     def __init__(
@@ -505,7 +505,7 @@ class SWASlotAllocator(FreeGroup):
         Afterwards exactly the tokens the snapshot's mask marks have a window slot: masked
         tokens without one get one, unmasked tokens that got one from ``alloc`` give it back.
         Checked before anything changes: the snapshot (as the pool checks it) and the window
-        capacity (:class:`AllocatorError` when the window side cannot cover the masked tokens).
+        capacity (`AllocatorError` when the window side cannot cover the masked tokens).
         """
         checked = self._kvcache.check_cpu_copy(snapshot, indices)
         # All or nothing: matching the window slots takes and releases window pages before the

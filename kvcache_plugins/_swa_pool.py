@@ -7,7 +7,7 @@ written in the ``full_to_swa`` table, which the allocator owns (it is the one ha
 slots out) and registers here; 0 means "no window slot" and the trailing -1 keeps a ``last_loc``
 of -1 at -1 when translated.
 
-Composition rather than a new buffer layout: both halves are :class:`MHATokenToKVPool`, so a
+Composition rather than a new buffer layout: both halves are `MHATokenToKVPool`, so a
 window layer is exactly an MHA layer with its own slot space (and optionally its own head
 geometry), and offload reuses MHA's batched gathers.
 """
@@ -322,9 +322,9 @@ class SWAKVPool:
         Every masked token must already have a window slot in the mapping; this pool does not
         hand out slots. Load through the SWA allocator's ``load_cpu_copy``, which re-creates
         exactly the masked tokens' window slots first. A masked token without a window slot
-        raises :class:`AllocatorError` before any write (dropping its saved rows silently would
+        raises `AllocatorError` before any write (dropping its saved rows silently would
         leave the window attending to garbage). Unmasked tokens' window slots, if they have
-        any, are left as they are. ``mamba_indices`` is ignored (see :meth:`get_cpu_copy`).
+        any, are left as they are. ``mamba_indices`` is ignored (see `get_cpu_copy`).
         """
         del mamba_indices  # no recurrent state in this pool (see get_cpu_copy)
         checked = self.check_cpu_copy(snapshot, indices)

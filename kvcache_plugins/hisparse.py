@@ -151,7 +151,7 @@ class HiSparseTokenToKVPool(DSATokenToKVPool):
         """Copy the logical rows ``logical`` into ``device_slots`` (every layer) and record
         ``logical[i] -> device_slots[i]`` in the table.
 
-        With :class:`HiSparseSlotAllocator`, take ``device_slots`` from its ``alloc_device``,
+        With `HiSparseSlotAllocator`, take ``device_slots`` from its ``alloc_device``,
         which already recorded the same pairs and copied the rows. A device slot that another
         logical slot still maps to is refused: that slot would silently read the new row.
         """

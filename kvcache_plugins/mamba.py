@@ -2,13 +2,13 @@
 
 A hybrid model (attention layers interleaved with Mamba layers) needs two kinds of memory: token
 slots for the attention layers, held by an MHA pool that stores only those layers, and request
-slots for the Mamba layers' recurrent state, held by a :class:`MambaPool`. The hybrid pool maps
+slots for the Mamba layers' recurrent state, held by a `MambaPool`. The hybrid pool maps
 each global layer id to the one that holds it. The Mamba pool is passed in, not built here, so
 that an engine's request-to-token pool (which hands out the request slots) and this pool share
 one state store.
 
 Retraction must carry the state too, or a resumed request continues from a wrong recurrence.
-Hence the offload rule (see :meth:`HybridMambaKVPool.get_cpu_copy` and docs/pools/mamba.md):
+Hence the offload rule (see `HybridMambaKVPool.get_cpu_copy` and docs/pools/mamba.md):
 ``mamba_indices`` given -> the snapshot carries those request slots' state; ``None`` -> it
 carries none and says so, and loading refuses any call that does not match what was saved.
 """
@@ -199,7 +199,7 @@ class HybridMambaKVPool:
         With ``mamba_indices=None`` the snapshot carries no state (``meta["mamba_state"]`` is
         False, child ``mamba`` is None): the caller keeps the state itself. It is not an error,
         because an engine may save state on its own path, but it is recorded so that loading
-        can refuse a call that does not match (see :meth:`load_cpu_copy`).
+        can refuse a call that does not match (see `load_cpu_copy`).
         """
         slots = self._token_slots(indices)
         state: KVSnapshot | None = None
@@ -270,7 +270,7 @@ class HybridMambaKVPool:
         """Restore KV at the new token slots and state at the new request slots.
 
         ``mamba_indices`` must be given exactly when the snapshot carries state (else
-        :class:`SnapshotMismatchError`, before any write): silently dropping saved state, or
+        `SnapshotMismatchError`, before any write): silently dropping saved state, or
         "restoring" state that was never saved, both resume a request from a wrong recurrence.
         """
         checked = self.check_cpu_copy(snapshot, indices, mamba_indices)
@@ -282,7 +282,7 @@ class HybridMambaKVPool:
 class HybridMambaAllocator(PagedSlotAllocator):
     """Token (or page) slots for the attention layers, plus ``mamba_allocator`` for requests.
 
-    The token side is a plain :class:`PagedSlotAllocator`, whose offload calls forward every
+    The token side is a plain `PagedSlotAllocator`, whose offload calls forward every
     argument (``mamba_indices`` included) to the pool. Request slots have their own lifecycle
     (one per request, not per token), so ``mamba_allocator`` is separate: ``clear`` and
     ``backup_state`` here cover token slots only.

@@ -119,7 +119,9 @@ def test_the_scaffold_ships_ci_and_a_readme(session):
         (["new-pool", "bad name"], "not a valid distribution name"),
         (["new-pool", "pool-"], "not a valid distribution name"),
         (["new-pool", "9lives"], "cannot import"),
-        (["new-pool", "fine", "--kind", "mla"], "not scaffolded yet"),
+        (["new-pool", "fine", "--kind", "nonsense"], "invalid choice"),
+        (["new-pool", "fine", "--storage", "int4"], "invalid choice"),
+        (["new-pool", "fine", "--kind", "mla", "--storage", "int8"], "offered for --kind mha"),
         (["new-pool", "mha"], "already installed"),
     ],
 )
@@ -127,6 +129,15 @@ def test_new_pool_refuses_with_a_clear_message(tmp_path, monkeypatch, capsys, ar
     monkeypatch.chdir(tmp_path)
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unknown_kind_is_a_usage_error_listing_every_kind(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["new-pool", "fine", "--kind", "gqa"]) == 2
+    err = capsys.readouterr().err
+    assert "--kind" in err and "gqa" in err
+    assert all(kind in err for kind in KINDS), err
     assert list(tmp_path.iterdir()) == []
 
 
@@ -184,9 +195,11 @@ def test_examples_import_only_public_names(example):
     assert bad == []
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_scaffold_imports_only_public_names(kind):
-    files = render("my-pool", "my_pool", kind)
+@pytest.mark.parametrize(
+    ("kind", "storage"), [*((k, "full") for k in KINDS), ("mha", "int8"), ("mha", "fp8")]
+)
+def test_scaffold_imports_only_public_names(kind, storage):
+    files = render("my-pool", "my_pool", kind, storage=storage, requirement="kvcache")
     bad = [
         f"{path}: {problem}"
         for path, text in files.items()

@@ -6,7 +6,7 @@ the allocator only collects them and releases them together at the end.
 Why the end does not concatenate the calls into one ``free``: a free call is checked as a whole,
 so one bad call (a double free) would reject every legitimate free of the group, and with pages
 two calls naming one page would pass as two slots of the same page. ``free_group_end`` therefore
-hands the calls over one by one (:meth:`FreeGroup._free_calls`), keeping their boundaries: the bad
+hands the calls over one by one (`FreeGroup._free_calls`), keeping their boundaries: the bad
 call is rejected with one error naming it, and every other call is applied.
 """
 
@@ -48,12 +48,14 @@ class FreeGroup:
     """Mixin: ``free_group_begin``/``free_group_end`` around the class's own ``free``.
 
     A subclass's ``free`` starts with ``if self._collect(indices): return`` and the subclass
-    implements :meth:`_free_calls`.
+    implements `_free_calls`.
     """
 
     _group: list[torch.Tensor] | None = None
 
     def free(self, indices: torch.Tensor) -> None:
+        """The allocator's own free; it starts with ``if self._collect(indices): return`` so
+        that a call inside a group is collected instead."""
         raise NotImplementedError  # provided by the allocator using this mixin
 
     def _free_calls(self, calls: list[torch.Tensor]) -> None:
@@ -69,7 +71,7 @@ class FreeGroup:
         return True
 
     def free_group_begin(self) -> None:
-        """Collect frees until :meth:`free_group_end`, which releases them in one call."""
+        """Collect frees until `free_group_end`, which releases them in one call."""
         if self._group is not None:
             raise AllocatorError("free_group_begin called twice without free_group_end")
         self._group = []

@@ -18,6 +18,7 @@ class ForwardsOffload:
     """Mixin: offload calls go to ``get_kvcache()``, which must support offload."""
 
     def get_kvcache(self) -> KVPool:
+        """The pool offload calls go to; the allocator using this mixin provides it."""
         raise NotImplementedError  # provided by the allocator using this mixin
 
     def _offloadable(self) -> OffloadablePool:
@@ -29,6 +30,10 @@ class ForwardsOffload:
     def get_cpu_copy(
         self, indices: torch.Tensor, mamba_indices: torch.Tensor | None = None
     ) -> KVSnapshot:
+        """The pool's ``get_cpu_copy``, every argument forwarded by keyword.
+
+        :raises TypeError: The pool does not support offload.
+        """
         return self._offloadable().get_cpu_copy(indices, mamba_indices=mamba_indices)
 
     def load_cpu_copy(
@@ -37,4 +42,8 @@ class ForwardsOffload:
         indices: torch.Tensor,
         mamba_indices: torch.Tensor | None = None,
     ) -> None:
+        """The pool's ``load_cpu_copy``, every argument forwarded by keyword.
+
+        :raises TypeError: The pool does not support offload.
+        """
         self._offloadable().load_cpu_copy(snapshot, indices, mamba_indices=mamba_indices)

@@ -15,9 +15,10 @@ the queue is checked and merged in one vectorised pass when the allocator next n
 (an ``alloc`` that runs short, ``available_size``, ``backup_state``, ``check_frees``, an
 ``alloc_decode``/``alloc_extend`` that must check a ``last_loc``) or when the queue grows past a
 bound (128 calls or 16384 ids). A bad free (double free, slot 0, out of range) is then rejected
-as a whole with a :class:`DoubleFreeError`/:class:`InvalidSlotError` naming the slot; every
-other queued free is applied, so nothing is lost. ``eager_checks=True`` checks each host-side
-free on the spot instead (for debugging: the error points at the call).
+as a whole with a [`DoubleFreeError`][kvcache_core.DoubleFreeError] or
+[`InvalidSlotError`][kvcache_core.InvalidSlotError] naming the slot; every other queued free
+is applied, so nothing is lost. ``eager_checks=True`` checks each host-side free on the spot
+instead (for debugging: the error points at the call).
 
 What a settle costs (the hot path, measured in ``benchmarks/_allocator.py``): one
 ``torch.cat`` of the queued calls and one of the ids handed out since the last settle, one
@@ -34,7 +35,7 @@ too needs a per-call read of the free set, which is what ``eager_checks`` costs.
 Every free call keeps its own verdict, wherever it came from: a free group ends by queueing each
 collected call as a call of its own (concatenating them would let one double free reject the
 whole group, or, with pages, hide it as two slots of one page in one call), and composite
-allocators (SWA, HiSparse) learn through :attr:`PagedSlotAllocator._on_settled` which of their
+allocators (SWA, HiSparse) learn through `PagedSlotAllocator._on_settled` which of their
 calls were applied and which were rejected, so their second side follows the first exactly.
 """
 
@@ -307,15 +308,15 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
     For composite allocators that own one per side (SWA, HiSparse), these underscore members
     are a protected interface, kept as described here:
 
-    - :attr:`_on_settled` (set it): called at every settle with each queued call's verdict.
-    - :meth:`_enqueue`: queue a call the composite owns, checked at the settle like a
-      ``free``; :meth:`_settle_if_due` settles when the queue reached its bound.
-    - :meth:`_settle`: check and merge the queue now; :meth:`_reserve`: whether ``pages``
-      are free, settling only when the stack is short; :meth:`_alloc_pages`: ``alloc`` that
+    - `_on_settled` (set it): called at every settle with each queued call's verdict.
+    - `_enqueue`: queue a call the composite owns, checked at the settle like a
+      ``free``; `_settle_if_due` settles when the queue reached its bound.
+    - `_settle`: check and merge the queue now; `_reserve`: whether ``pages``
+      are free, settling only when the stack is short; `_alloc_pages`: ``alloc`` that
       returns host page ids.
-    - :meth:`_allocated`: which slots lie in handed-out pages (queued frees not counted).
-    - :meth:`_pages_for`, :meth:`_extend_plan`, :meth:`_decode_plan`: check an ``alloc*``
-      call without changing anything. :attr:`_check_every_last_loc`: see ``__init__``.
+    - `_allocated`: which slots lie in handed-out pages (queued frees not counted).
+    - `_pages_for`, `_extend_plan`, `_decode_plan`: check an ``alloc*``
+      call without changing anything. `_check_every_last_loc`: see ``__init__``.
     """
 
     def __init__(
@@ -332,18 +333,23 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
         if size % page_size:
             raise AllocatorError(f"size {size} is not a multiple of page_size {page_size}")
         self.size = size
+        """Usable slots (slot 0 and the rest of page 0 are never handed out)."""
         self.page_size = page_size
+        """Slots per page: every allocation is of whole pages."""
         self.num_pages = size // page_size
+        """Usable pages, ``size // page_size``."""
         self.device = torch.device(device) if device is not None else kvcache.device
+        """Where returned slot tensors live (default: the pool's device)."""
         self._kvcache = kvcache
         self._free = _FreeIds(self.num_pages)
         self._pending: list[torch.Tensor] = []
         self._pending_ids = 0  # how many ids ``_pending`` holds
         self._offsets = torch.arange(page_size, dtype=torch.int64)
         self.eager_checks = eager_checks
+        """Check each host-side free on the spot instead of in the next batch (debugging)."""
         self._on_host = self.device.type == "cpu"
         #: Set by a composite allocator that owns this one: called at every settle with the
-        #: queued calls (the very tensors :meth:`_enqueue` got), their host copies (the same
+        #: queued calls (the very tensors `_enqueue` got), their host copies (the same
         #: tensors on a host allocator; made with one transfer for the whole queue otherwise)
         #: and the positions of the rejected ones, before any error is raised, so the composite
         #: can release or roll back its own side of each call.
@@ -454,7 +460,7 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
 
     def _alloc_pages(self, pages: int) -> torch.Tensor | None:
         """``pages`` free page ids on the host, or None (taking nothing) when they do not fit:
-        what :meth:`alloc` hands out before it becomes slots on the device. For composites
+        what `alloc` hands out before it becomes slots on the device. For composites
         that keep host tables, so that they need not copy the slots back (a host sync). The
         result is a view of the free stack: never write it."""
         if not self._reserve(pages):
@@ -485,7 +491,7 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
             and indices.dim() == 1
         ):
             n = indices.numel()
-            if n:  # :meth:`_enqueue`, inlined: a method call here costs 5% of a cycle
+            if n:  # `_enqueue`, inlined: a method call here costs 5% of a cycle
                 pending = self._pending
                 pending.append(indices.clone())
                 self._pending_ids += n
@@ -499,7 +505,7 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
         self._free_any(indices)
 
     def _free_any(self, indices: torch.Tensor) -> None:
-        """:meth:`free` for every other call: any integer dtype and shape, any device, and
+        """`free` for every other call: any integer dtype and shape, any device, and
         calls collected by an open free group."""
         dtype = getattr(indices, "dtype", None)
         if dtype not in _INDEX_DTYPES:
@@ -531,7 +537,7 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
     def _enqueue(self, owned: torch.Tensor, *, settle_if_due: bool = True) -> None:
         """Queue one free call that a composite owner already checked and copied (1-D int64 on
         this allocator's device, never written again); its verdict comes back through
-        :attr:`_on_settled` with this very tensor."""
+        `_on_settled` with this very tensor."""
         self._pending.append(owned)
         self._pending_ids += owned.numel()
         if settle_if_due:
@@ -551,7 +557,7 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
         self._settle()
 
     def backup_state(self) -> object:
-        """A state that :meth:`restore_state` brings back exactly (undoing allocs and frees).
+        """A state that `restore_state` brings back exactly (undoing allocs and frees).
 
         Queued frees are settled first, so they are part of the state; a bad one raises here,
         after the good ones were applied, and no state is returned (call again).
@@ -561,6 +567,10 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
         return ("paged-slot-allocator", id(self), self._free.snapshot())
 
     def restore_state(self, state: object) -> None:
+        """Go back to a ``backup_state()`` of this allocator: undoes every alloc and free since.
+
+        :raises AllocatorError: ``state`` is not a backup of this allocator.
+        """
         if not (
             isinstance(state, tuple)
             and len(state) == 3
@@ -584,6 +594,7 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
         self._free.reset()
 
     def get_kvcache(self) -> KVPool:
+        """The pool this allocator hands out slots of (offload calls go there)."""
         return self._kvcache
 
     # -- paged allocation ------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""``kvcache new-pool NAME [--kind mha] [--dir PATH]``: scaffold an installable pool package.
+"""``kvcache new-pool NAME [--kind KIND] [--storage full|int8|fp8] [--dir PATH]``: scaffold an
+installable pool package of any kind (mha, mla, dsa, swa, mamba, hisparse).
 
 Why a scaffold: a pool author's first hour goes on packaging (the entry point group, the hook
 marker, a battery that runs in their own tests, CI), not on the pool. The scaffold is a package
@@ -9,7 +10,9 @@ public names, so the author starts from something green and keeps it green.
 It never overwrites: a directory that exists and is not empty is refused (an empty one, such
 as the one ``mkdir && cd`` just made, is filled). NAME must be a valid distribution name (PEP
 508) that also gives an importable module (``my-pool`` -> ``my_pool``), and must not be the
-name of an installed pool plugin (discovery would reject both).
+name of an installed pool plugin (discovery would reject both). The package depends on kvcache
+where this kvcache came from (a version range for an index install, a direct reference for a
+checkout or a wheel; docs/pool-authors.md, "Depending on kvcache").
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from ..scaffold import KINDS, render
+from ..scaffold import KINDS, STORAGES, render, storage_problem
 
 __all__ = ["register", "run"]
 
@@ -40,7 +43,15 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--kind",
         default="mha",
-        help=f"pool kind to start from (default: mha; supported: {', '.join(KINDS)})",
+        choices=KINDS,
+        help="pool kind to start from (default: mha)",
+    )
+    parser.add_argument(
+        "--storage",
+        default="full",
+        choices=STORAGES,
+        help="how K and V are stored (default: full, the compute dtype; int8/fp8 quantise "
+        "with a scale per token, for --kind mha)",
     )
     parser.add_argument(
         "--dir", metavar="PATH", help="directory to create (default: ./NAME); never overwritten"
@@ -80,13 +91,9 @@ def run(args: argparse.Namespace) -> int:
     if problem is not None:
         print(f"kvcache new-pool: error: {problem}", file=sys.stderr)
         return 2
-    if args.kind not in KINDS:
-        print(
-            f"kvcache new-pool: error: --kind {args.kind} is not scaffolded yet "
-            f"(supported: {', '.join(KINDS)}); start from --kind mha and see docs/pools/ for "
-            "what that kind adds",
-            file=sys.stderr,
-        )
+    problem = storage_problem(args.kind, args.storage)
+    if problem is not None:
+        print(f"kvcache new-pool: error: {problem}", file=sys.stderr)
         return 2
     target = Path(args.dir if args.dir is not None else name)
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
@@ -96,12 +103,13 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    files = render(name, module_name(name), args.kind)
+    files = render(name, module_name(name), args.kind, storage=args.storage)
     for relative, text in files.items():
         path = target / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
-    print(f"created {target}/ with pool {name!r} ({args.kind}):")
+    storage = "" if args.storage == "full" else f", {args.storage} storage"
+    print(f"created {target}/ with pool {name!r} ({args.kind}{storage}):")
     for relative in sorted(files):
         print(f"  {relative}")
     print(

@@ -74,7 +74,7 @@ def parse_expected_failures(section: Mapping[str, object], origin: str) -> list[
     """The ``expected-failures`` table of a ``[tool.kvcache]`` section, shape-checked only.
 
     Check ids and pool names are validated later, against the battery and the installed pools
-    (:func:`validate_expected_failures`), because reading the table must not import torch.
+    (`validate_expected_failures`), because reading the table must not import torch.
     """
     table = section.get(SECTION, {})
     head = f"{origin}: [tool.kvcache.{SECTION}]"

@@ -27,7 +27,9 @@ class TokenAllocator(Protocol):
     """Hands out token slots (page size 1) and frees them. ``alloc`` is never partial."""
 
     size: int
+    """Usable slots this allocator hands out (the pool's ``size``)."""
     page_size: int
+    """Slots per page; 1 for a token allocator."""
 
     def available_size(self) -> int:
         """Free slots: the free pages times ``page_size``, exactly (queued frees settled)."""
@@ -145,6 +147,7 @@ class MambaSlotAllocator(Protocol):
     """
 
     size: int
+    """Request slots, ``1..size`` (slot 0 is padding)."""
 
     def available_size(self) -> int:
         """Free request slots."""

@@ -42,10 +42,16 @@ class KVPool(Protocol):
     """Every pool. Buffers have ``size + page_size`` rows; slot 0 is a reserved padding slot."""
 
     size: int
+    """Usable token slots (the ids allocators hand out); buffers have ``size + page_size``
+    rows."""
     page_size: int
+    """Slots per page; page 0 (slot 0 and the rest of its page) is never handed out."""
     dtype: torch.dtype
+    """The compute dtype kernels read and writes are cast to."""
     device: torch.device
+    """Where the buffers live."""
     layer_num: int
+    """How many layers this pool holds (from its ``start_layer``, when it has one)."""
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
         """The key buffer of ``layer_id`` (``size + page_size`` rows), as kernels index it.
@@ -132,7 +138,9 @@ class MLAPool(KVPool, Protocol):
     """
 
     kv_lora_rank: int
+    """Width of the latent's "nope" part, which the value buffer views."""
     qk_rope_head_dim: int
+    """Width of the latent's rope part, after the nope part."""
 
     def set_mla_kv_buffer(
         self,
@@ -164,7 +172,9 @@ class IndexerKeyPool(KVPool, Protocol):
     """
 
     index_head_dim: int
+    """Width of one token's indexer key."""
     index_dtype: torch.dtype
+    """The dtype indexer keys are stored in (fp8 kept as uint8)."""
 
     def set_index_k_scale_buffer(
         self,
@@ -197,6 +207,7 @@ class SlidingWindowPool(KVPool, Protocol):
     """
 
     swa_layer_ids: tuple[int, ...]
+    """Global ids of the sliding-window layers; every other layer is a full layer."""
 
     def register_mapping(self, full_to_swa_index_mapping: torch.Tensor) -> None:
         """Adopt the allocator's full -> window table (shared, not copied: it changes live)."""
@@ -219,6 +230,7 @@ class MambaStatePool(Protocol):
     """
 
     mamba_layer_ids: tuple[int, ...]
+    """Global ids of the layers with recurrent state (they have no KV buffers)."""
 
     def get_mamba_state(self, layer_id: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
         """``(conv states, temporal state)`` of global layer ``layer_id``, as kernels use them."""
@@ -246,6 +258,7 @@ class HiSparsePool(KVPool, Protocol):
     """
 
     device_size: int
+    """Device slots: how many logical slots can be resident at once."""
 
     def register_logical_to_device(self, logical_to_device: torch.Tensor) -> None:
         """Adopt the allocator's logical -> device table (shared, not copied)."""

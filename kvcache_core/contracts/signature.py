@@ -325,7 +325,7 @@ def sig_from_ast(
 ) -> MethodSig:
     """Describe a method from its ``def`` alone, without importing or running anything.
 
-    The result matches :func:`sig_from_callable` on the same method: ``self`` (or ``cls``) is
+    The result matches `sig_from_callable` on the same method: ``self`` (or ``cls``) is
     dropped unless the method is a ``staticmethod``; defaults and annotations are their source
     text. ``line_offset`` shifts ``node.lineno`` when the node was parsed from an extract.
     """

@@ -52,13 +52,24 @@ class KVSnapshot:
     """
 
     pool_kind: str
+    """The kind of pool it was taken from (``"mha"``, ``"mla"`` ...)."""
     dtype: torch.dtype
+    """The pool's compute dtype."""
     token_count: int
+    """How many indices it was taken at: ``load_cpu_copy`` must be given exactly that many new
+    indices, in the same order.
+    """
     parts: Mapping[str, torch.Tensor]
+    """Named host tensors (copies, never views of the pool's buffers)."""
     children: Mapping[str, KVSnapshot | None] = field(default_factory=dict)
+    """Snapshots of the parts of a composite pool (SWA's window side, hybrid Mamba state), by name;
+    None for a part that held nothing.
+    """
     meta: Mapping[str, object] = field(default_factory=dict)
+    """Small plain values a pool checks on load (a config fingerprint, a mask's meaning)."""
 
     def __post_init__(self) -> None:
+        """Validate the count and the parts, then freeze the mappings (see the class)."""
         if self.token_count < 0:
             raise ValueError(f"token_count must be >= 0, got {self.token_count}")
         for name, tensor in self.parts.items():

@@ -54,14 +54,22 @@ class Capability(str, enum.Enum):
     """
 
     OFFLOAD = "offload"
+    """Copies slots to the host and back: [`OffloadablePool`][kvcache_core.OffloadablePool]."""
     MLA = "mla"
+    """Latent reads and writes: [`MLAPool`][kvcache_core.MLAPool]."""
     INDEXER = "indexer"
+    """DSA indexer keys and scales: [`IndexerKeyPool`][kvcache_core.IndexerKeyPool]."""
     SLIDING_WINDOW = "sliding-window"
+    """Window layers with their own slots: [`SlidingWindowPool`][kvcache_core.SlidingWindowPool]."""
     MAMBA_STATE = "mamba-state"
+    """Per-request recurrent state: [`MambaStatePool`][kvcache_core.MambaStatePool]."""
     HISPARSE = "hisparse"
+    """A device-resident subset of logical slots: [`HiSparsePool`][kvcache_core.HiSparsePool]."""
     PAGED = "paged"
+    """The allocator is page-aware: [`PagedAllocator`][kvcache_core.PagedAllocator]."""
 
     def __str__(self) -> str:
+        """The value (``"paged"``), as specs and configuration files spell it."""
         return self.value
 
 
@@ -125,36 +133,64 @@ class PoolConfig:
     """
 
     size: int
+    """Usable token slots (buffers get ``size + page_size`` rows: slot 0 is padding)."""
     layer_num: int
+    """Layers this pool holds, starting at ``start_layer``."""
     head_num: int = 1
+    """KV heads per token."""
     head_dim: int = 64
+    """Key head size."""
     page_size: int = 1
+    """Slots per page; allocators hand out whole pages."""
     dtype: torch.dtype = torch.bfloat16
+    """Compute dtype; fp8 dtypes are stored as uint8 (see
+    [`storage_dtype`][kvcache_core.storage_dtype]).
+    """
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    """Where the buffers live; a string such as ``"cuda:0"`` is converted."""
     v_head_dim: int | None = None
+    """Value head size, when it differs from ``head_dim``."""
     start_layer: int = 0
+    """Global id of the first layer (pipeline stages hold a slice)."""
     # MLA / DSA / HiSparse
     kv_lora_rank: int | None = None
+    """MLA/DSA/HiSparse: latent ("nope") width."""
     qk_rope_head_dim: int | None = None
+    """MLA/DSA/HiSparse: rope width."""
     index_head_dim: int | None = None
+    """DSA: indexer key width."""
     hisparse_ratio: int = 2
+    """HiSparse: logical slots per device slot."""
     # SWA
     swa_layer_ids: tuple[int, ...] = ()
+    """SWA: global ids of the sliding-window layers."""
     swa_size: int | None = None
+    """SWA: window-side slots."""
     swa_head_num: int | None = None
+    """SWA: window layers' KV heads, when they differ."""
     swa_head_dim: int | None = None
+    """SWA: window layers' head size, when it differs."""
     # Mamba
     mamba_layer_ids: tuple[int, ...] = ()
+    """Mamba: global ids of the recurrent layers."""
     mamba_size: int | None = None
+    """Mamba: request slots (not token slots)."""
     conv_state_shapes: tuple[tuple[int, ...], ...] = ()
+    """Mamba: per-request shape of each conv state."""
     temporal_state_shape: tuple[int, ...] | None = None
+    """Mamba: per-request shape of the temporal state."""
     mamba_dtype: torch.dtype | None = None
-    # Range-checking write slots reads them back, which synchronises an accelerator. None means
-    # "on for CPU pools, off elsewhere"; shape and dtype checks always run.
+    """Mamba: state dtype (default ``dtype``)."""
     validate_write_slots: bool | None = None
+    """Range-check every write's slots. Doing so reads them back, which synchronises an accelerator,
+    so None means on for CPU pools, off elsewhere; shape and dtype checks always run.
+    """
     options: Mapping[str, Any] = field(default_factory=dict)
+    """Third-party, plugin-specific settings (frozen on construction)."""
 
     def __post_init__(self) -> None:
+        """Normalise (device strings, tuples, a frozen ``options``) and validate the common
+        fields; see the class's raises."""
         object.__setattr__(self, "device", _as_device(self.device))
         object.__setattr__(self, "swa_layer_ids", tuple(self.swa_layer_ids))
         object.__setattr__(self, "mamba_layer_ids", tuple(self.mamba_layer_ids))
@@ -205,20 +241,33 @@ class PoolSpec:
     """
 
     name: str
+    """The pool's name in the registry (letters, digits, ``-`` and ``_``)."""
     pool_class: type
+    """The pool class, checked against [`KVPool`][kvcache_core.KVPool] and the Protocols of
+    ``capabilities``.
+    """
     allocator_class: type
+    """The allocator class, checked against [`TokenAllocator`][kvcache_core.TokenAllocator] (and
+    ``PagedAllocator`` with ``paged``).
+    """
     factory: PoolFactory
+    """Builds ``(pool, allocator)`` from a [`PoolConfig`][kvcache_core.PoolConfig]."""
     capabilities: frozenset[Capability] = frozenset()
+    """[`Capability`][kvcache_core.Capability] values (or their strings)."""
     contract_version: int = CONTRACT_VERSION
+    """The contract the classes were written against."""
     description: str = ""
-    #: The config the behaviour battery builds this pool with; None picks a small CPU config
-    #: that fits the declared capabilities (see ``kvcache check --level behaviour``).
+    """One line for ``kvcache list``."""
     behaviour_config: PoolConfig | None = field(default=None, compare=False)
-    #: Behaviour checks this pool is known to fail, by check id, each with its reason. A check
-    #: listed here that passes is reported, so the list cannot outlive the bug.
+    """The config the behaviour battery builds this pool with; None picks a small CPU config
+    that fits the declared capabilities (see ``kvcache check --level behaviour``)."""
     expected_failures: Mapping[str, str] = field(default_factory=dict, compare=False)
+    """Behaviour checks this pool is known to fail, by check id, each with its reason. A check
+    listed here that passes is reported, so the list cannot outlive the bug."""
 
     def __post_init__(self) -> None:
+        """Validate the name, the factory, the behaviour config and every expected failure's
+        reason; normalise capabilities to [`Capability`][kvcache_core.Capability] values."""
         if not self.name or not self.name.replace("-", "").replace("_", "").isalnum():
             raise ValueError(f"PoolSpec.name must be a simple identifier, got {self.name!r}")
         object.__setattr__(

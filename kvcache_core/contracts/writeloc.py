@@ -32,10 +32,16 @@ class KVWriteLoc:
     """
 
     loc: torch.Tensor
+    """Full-attention token slots."""
     swa_loc: torch.Tensor | None = None
+    """The matching sliding-window slots, when the engine already translated them; None asks a
+    windowed pool to translate ``loc`` itself.
+    """
     full_loc: torch.Tensor | None = None
+    """Overrides ``loc`` for full-attention layers when it differs (it falls back to ``loc``)."""
 
     def __post_init__(self) -> None:
+        """Refuse a field that is not a tensor (or None), where the mistake is made."""
         for name in ("loc", "swa_loc", "full_loc"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, torch.Tensor):

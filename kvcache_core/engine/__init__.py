@@ -3,7 +3,7 @@
 It discovers pools at start-up, picks a model whose layers fit each pool's declared
 capabilities, and decodes many requests with continuous batching, retracting requests when the
 KV budget runs out and resuming them from their snapshots. Everything it does to a pool goes
-through the Protocols in :mod:`kvcache_core.contracts` (plus the two allocator extras the pool
+through the Protocols in `kvcache_core.contracts` (plus the two allocator extras the pool
 docs promise: ``mamba_allocator`` and HiSparse residency), never through a plugin's internals.
 
 Modules, one job each: ``model`` (a seeded random-weight decoder whose attention reads the pool),

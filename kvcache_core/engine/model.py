@@ -129,7 +129,7 @@ def _causal(start: int, n: int, first: int, keys: int, window: int | None) -> to
 
 
 class TinyModel:
-    """A decoder-only model of ``shape`` whose layers follow ``kind`` (see :func:`layer_types`).
+    """A decoder-only model of ``shape`` whose layers follow ``kind`` (see `layer_types`).
 
     The weights depend only on ``seed`` and the shape, so two engines built with the same seed
     compute the same function. ``forward`` returns the logits of the last new token.

@@ -239,7 +239,7 @@ def run_pool(
 ) -> PoolReport:
     """Run ``spec`` with ample memory, then with ``settings.budget``; compare the tokens.
 
-    ``create`` builds the pool and allocator (default ``spec.factory``; :func:`run_demo` passes
+    ``create`` builds the pool and allocator (default ``spec.factory``; `run_demo` passes
     ``registry.create``, which also checks the factory returned a pool).
     """
     kind, why = choose_model(spec.capabilities)

@@ -1,7 +1,7 @@
 """What a behaviour check is, and how checks are registered.
 
-A check is a plain function of a :class:`CheckContext` that raises :class:`BehaviourFailure`
-when the pool misbehaves. Checks register themselves with :func:`behaviour_check`, stating the
+A check is a plain function of a `CheckContext` that raises `BehaviourFailure`
+when the pool misbehaves. Checks register themselves with `behaviour_check`, stating the
 capabilities they need, so the battery a pool gets follows from the capabilities its
 ``PoolSpec`` declares (the way scikit-learn picks estimator checks from an estimator's tags).
 """

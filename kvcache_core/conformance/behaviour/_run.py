@@ -1,6 +1,6 @@
 """Run behaviour checks in isolation: one check's exception or hang fails that check only.
 
-Each check runs in a fresh :class:`CheckContext` on a worker thread joined with a timeout; a
+Each check runs in a fresh `CheckContext` on a worker thread joined with a timeout; a
 check still running after it is reported as failed (a hang is a bug an engine would meet as a
 stalled decode step) and left behind on its daemon thread. Expected failures are declared per
 check with a reason; one that passes is reported too, so the list cannot rot.

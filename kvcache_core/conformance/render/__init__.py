@@ -25,7 +25,7 @@ FORMATS: tuple[str, ...] = tuple(_RENDERERS)
 
 
 def render(results: Sequence[CheckResult], fmt: str) -> str:
-    """``results`` in format ``fmt`` (one of :data:`FORMATS`); raises ``ValueError`` otherwise."""
+    """``results`` in format ``fmt`` (one of `FORMATS`); raises ``ValueError`` otherwise."""
     try:
         renderer = _RENDERERS[fmt]
     except KeyError:

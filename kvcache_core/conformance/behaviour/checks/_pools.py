@@ -56,7 +56,7 @@ def allocate(ctx: CheckContext, allocator: Any, n: int) -> torch.Tensor:
 
 
 def allocate_source(ctx: CheckContext, n: int, name: str = "slots") -> str:
-    """The source line that allocates like :func:`allocate` (for reproductions)."""
+    """The source line that allocates like `allocate` (for reproductions)."""
     if Capability.PAGED in ctx.capabilities:
         return (
             f"{name} = allocator.alloc_extend(torch.tensor([0]), torch.tensor([{n}]), "
