@@ -32,6 +32,7 @@ from kvcache_core import (
     TokenAllocator,
 )
 
+from ..contracts.spec import declared_protocols
 from .model import ModelShape, TinyModel, layer_types
 from .scheduler import Request, Scheduler, Unsupported, make_requests
 
@@ -197,6 +198,7 @@ def _run_once(
     budget: int,
     page: int,
     progress: Callable[[Scheduler], None] | None,
+    capabilities: frozenset[Capability] = frozenset(),
 ) -> tuple[RunStats, dict[int, list[int]]]:
     began = time.perf_counter()
     config = pool_config(kind, settings.shape, budget, page, settings.max_running)
@@ -205,6 +207,20 @@ def _run_once(
     if missing or not isinstance(allocator, TokenAllocator):
         what = ", ".join(missing) if missing else "TokenAllocator (allocator)"
         raise TypeError(f"the factory's objects do not satisfy {what}")
+    # Every Protocol the spec's capabilities promise, on the object of its role: a declared
+    # capability the engine would otherwise skip (a window never released, pages allocated
+    # one token at a time) is an error here, not a silent fallback.
+    objects = {"pool": pool, "allocator": allocator}
+    broken = [
+        f"{proto.__name__} ({role})"
+        for role, protos in declared_protocols(capabilities).items()
+        for proto in protos
+        if not isinstance(objects[role], proto)
+    ]
+    if broken:
+        raise TypeError(
+            f"the factory's objects do not satisfy what the spec declares: {', '.join(broken)}"
+        )
     assert isinstance(pool, KVPool)
     model = TinyModel(kind, settings.shape, settings.seed)
     requests = make_requests(settings.requests, settings.seed, settings.shape.vocab)
@@ -268,12 +284,13 @@ def _run_pool(
     )
     try:
         label = "ample"
+        caps = spec.capabilities
         report.ample, first = _run_once(
-            create, kind, settings, ample, page, _tag(progress, name, label)
+            create, kind, settings, ample, page, _tag(progress, name, label), caps
         )
         label = "constrained"
         report.constrained, second = _run_once(
-            create, kind, settings, settings.budget, page, _tag(progress, name, label)
+            create, kind, settings, settings.budget, page, _tag(progress, name, label), caps
         )
     except Unsupported as exc:  # the engine lacks what it needs: not the pool's fault
         report.status, report.reason = "skipped", str(exc)

@@ -456,7 +456,10 @@ def offload_roundtrip(ctx: CheckContext) -> None:
     page = int(ctx.config.page_size)
     states = [False, True] if Capability.MAMBA_STATE in ctx.capabilities else [False]
     evicts = [False]
-    if ctx.capabilities & _EVICTABLE:
+    if Capability.SLIDING_WINDOW in ctx.capabilities:
+        evicts.append(True)  # free_swa is part of the capability: never skipped
+    elif ctx.capabilities & _EVICTABLE:
+        # free_device is the built-in HiSparse allocator's documented extra, not the contract's.
         _, allocator = ctx.build()
         if callable(getattr(allocator, _evict_call(ctx), None)):
             evicts.append(True)
