@@ -1,6 +1,6 @@
 """Broken pools that keep the battery's own comparisons honest: each fails exactly one check,
 and only while that check keeps the strength it has. Weaken the check (compare row 0 of a
-write no more, compare only the first layer, drop the whole-pages offload pattern, stop
+write no more, write or compare only the first layer, drop the whole-pages offload pattern, stop
 comparing the allocator after a refused call, compare by value instead of by bits, accept an
 ``InvalidSlotError`` for a double free) and its pool here passes, which the gallery test
 reports: who checks the checker.
@@ -66,6 +66,27 @@ class FirstLayerLeaksForward(mha.MHATokenToKVPool):
         batched = unwrap_write_loc(loc)[0].numel() > 1
         if layer.layer_id == self.start_layer and last != self.start_layer and batched:
             super().set_kv_buffer(_LayerId(last), loc, cache_k, cache_v, k_scale, v_scale)
+
+
+class LastLayerLeaksBack(mha.MHATokenToKVPool):
+    """A write to the last layer also lands in the first layer: only a check that writes
+    every layer (not just the first) and compares every layer sees it."""
+
+    def set_kv_buffer(
+        self,
+        layer: LayerLike,
+        loc: KVWriteLoc | torch.Tensor,
+        cache_k: torch.Tensor,
+        cache_v: torch.Tensor,
+        k_scale: float | None = None,
+        v_scale: float | None = None,
+    ) -> None:
+        super().set_kv_buffer(layer, loc, cache_k, cache_v, k_scale, v_scale)
+        last = self.start_layer + self.layer_num - 1
+        batched = unwrap_write_loc(loc)[0].numel() > 1
+        if layer.layer_id == last and last != self.start_layer and batched:
+            first = _LayerId(self.start_layer)
+            super().set_kv_buffer(first, loc, cache_k, cache_v, k_scale, v_scale)
 
 
 class WholePagesReversed(mha.MHATokenToKVPool):
@@ -160,6 +181,10 @@ def first_layer_leaks_forward(config: PoolConfig) -> tuple[Any, Any]:
     return _mha(FirstLayerLeaksForward, config)
 
 
+def last_layer_leaks_back(config: PoolConfig) -> tuple[Any, Any]:
+    return _mha(LastLayerLeaksBack, config)
+
+
 def whole_pages_reversed(config: PoolConfig) -> tuple[Any, Any]:
     return _mha(WholePagesReversed, config)
 
@@ -203,6 +228,16 @@ GALLERY: list[tuple[str, PoolSpec]] = [
             FirstLayerLeaksForward,
             PagedSlotAllocator,
             first_layer_leaks_forward,
+        ),
+    ),
+    (
+        "write-isolation",
+        _spec(
+            "gallery-last-layer-leaks-back",
+            mha,
+            LastLayerLeaksBack,
+            PagedSlotAllocator,
+            last_layer_leaks_back,
         ),
     ),
     (
