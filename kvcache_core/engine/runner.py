@@ -34,6 +34,7 @@ from kvcache_core import (
 
 from ..contracts.spec import declared_protocols
 from .model import ModelShape, TinyModel, layer_types
+from .reference import REFERENCE_KINDS, reference_outputs
 from .scheduler import Request, Scheduler, Unsupported, make_requests
 
 __all__ = [
@@ -253,7 +254,9 @@ def run_pool(
     progress: Callable[[str, str, Scheduler], None] | None = None,
     create: Callable[[PoolConfig], tuple[Any, Any]] | None = None,
 ) -> PoolReport:
-    """Run ``spec`` with ample memory, then with ``settings.budget``; compare the tokens.
+    """Run ``spec`` with ample memory, then with ``settings.budget``; compare the tokens with
+    each other and, for the model kinds in ``reference.REFERENCE_KINDS``, with the same model
+    over a plain reference store (which catches a pool that corrupts both runs alike).
 
     ``create`` builds the pool and allocator (default ``spec.factory``; :func:`run_demo` passes
     ``registry.create``, which also checks the factory returned a pool).
@@ -301,6 +304,20 @@ def _run_pool(
         report.seconds = round(time.perf_counter() - began, 3)
         return report
     report.differing_requests = sorted(r for r in first if first[r] != second.get(r))
+    if kind in REFERENCE_KINDS:
+        # Both runs of one pool agree when the pool corrupts every run alike: the tokens must
+        # also be the model's over a plain store (bit-reproducible per request, see model).
+        requests = make_requests(settings.requests, settings.seed, settings.shape.vocab)
+        reference = reference_outputs(kind, settings.shape, settings.seed, requests)
+        wrong = [
+            r for r in reference if first.get(r) != reference[r] or second.get(r) != reference[r]
+        ]
+        if wrong:
+            report.differing_requests = sorted({*report.differing_requests, *wrong})
+            report.reason = (
+                f"{len(wrong)} request(s) differ from the same model over a plain reference "
+                "store: the pool stores or reads back wrong values, with or without retraction"
+            )
     report.identical = not report.differing_requests and first.keys() == second.keys()
     report.status = "identical" if report.identical else "differ"
     report.seconds = round(time.perf_counter() - began, 3)
