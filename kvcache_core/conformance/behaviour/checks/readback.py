@@ -107,14 +107,25 @@ def _special(dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
     return values.repeat(count // 2 + 1)[:count].reshape(shape).to(dtype)
 
 
+def _held(first: torch.Tensor, again: torch.Tensor) -> bool:
+    """Whether two calls of one getter returned the same storage (the pool's own buffer), not
+    a fresh copy each time (the dequantised view of a quantised store)."""
+    return bool(first.untyped_storage().data_ptr() == again.untyped_storage().data_ptr())
+
+
 def _special_values(ctx: CheckContext, pool: Any, slots: torch.Tensor) -> None:
-    """``-0.0`` and NaN written through ``set_kv_buffer`` read back bit for bit."""
+    """``-0.0`` and NaN written through ``set_kv_buffer`` read back bit for bit, wherever the
+    getters return the pool's own buffers (a quantised pool's dequantised copies are exempt)."""
     rank = latent_width(pool) if Capability.MLA in ctx.capabilities else None
     for layer in attention_layer_ids(ctx.config):
         key = pool.get_key_buffer(layer)
         value = pool.get_value_buffer(layer)
         if not (key.dtype.is_floating_point and value.dtype.is_floating_point):
             continue
+        if not (
+            _held(key, pool.get_key_buffer(layer)) and _held(value, pool.get_value_buffer(layer))
+        ):
+            continue  # a dequantised copy: a quantised store keeps values, not these bits
         k = _special(key.dtype, (slots.numel(), *key.shape[1:]))
         v = _special(value.dtype, (slots.numel(), *value.shape[1:]))
         pool.set_kv_buffer(Layer(layer), slots.to(pool.device), k, v)
