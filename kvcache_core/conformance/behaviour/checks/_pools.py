@@ -30,6 +30,7 @@ __all__ = [
     "latent_width",
     "mamba_request_slots",
     "slot_orders",
+    "whole_pages",
     "write_state_rows",
 ]
 
@@ -106,11 +107,6 @@ def slot_orders(
         ("a single slot", slots[n // 2 : n // 2 + 1]),
         ("whole pages", slots[: min(n, pages)]),
     ]
-
-
-def slots_source(chosen: torch.Tensor) -> str:
-    """The literal source of a chosen slot set (reproductions name the exact order)."""
-    return f"torch.tensor({chosen.tolist()})"
 
 
 def allocate_source(ctx: CheckContext, n: int, name: str = "slots") -> str:
