@@ -32,13 +32,7 @@ from .conformance.model import Finding, Location
 from .conformance.rules import Severity
 from .conformance.signature.level import signature_findings
 from .contracts.pool import KVPool
-from .contracts.spec import (
-    BASE_PROTOCOLS,
-    CAPABILITY_PROTOCOLS,
-    CONTRACT_VERSION,
-    PoolConfig,
-    PoolSpec,
-)
+from .contracts.spec import CONTRACT_VERSION, PoolConfig, PoolSpec, declared_protocols
 from .errors import PluginRejectedError, UnknownPoolError
 
 __all__ = [
@@ -246,13 +240,12 @@ def spec_shape_problem(spec: object) -> str | None:
 
 def _class_checks(spec: PoolSpec) -> list[tuple[type, type, set[str]]]:
     """(class, Protocol, methods) to check for ``spec``: each method of each class once."""
-    checks: list[tuple[type, type]] = [
-        (spec.pool_class, BASE_PROTOCOLS["pool"]),
-        (spec.allocator_class, BASE_PROTOCOLS["allocator"]),
+    classes = {"pool": spec.pool_class, "allocator": spec.allocator_class}
+    checks = [
+        (classes[role], proto)
+        for role, protos in declared_protocols(spec.capabilities).items()
+        for proto in protos
     ]
-    for capability in sorted(spec.capabilities):
-        role, proto = CAPABILITY_PROTOCOLS[capability]
-        checks.append((spec.pool_class if role == "pool" else spec.allocator_class, proto))
     # Capability Protocols extend KVPool: check each method of each class once.
     done: dict[type, set[str]] = {}
     out: list[tuple[type, type, set[str]]] = []

@@ -10,6 +10,46 @@ from pathlib import Path
 
 import pytest
 
+# Imported here, before any test runs, so that pytester's ``sys.modules`` snapshot (taken per
+# test) already holds torch: torch cannot be imported twice in one process, and a test file
+# whose first test imports it lazily (the CLI keeps torch out of its start-up) would otherwise
+# have it removed at that test's teardown and imported again by the next ("bad call flags").
+import torch  # noqa: F401
+from hypothesis import settings
+
+# Likewise the contract and the built-in plugins: a module imported for the first time inside a
+# pytester test is dropped at its teardown and imported afresh by the next, and a second
+# ``kvcache_core.contracts.spec`` makes every built-in spec "not a PoolSpec" to the first.
+import kvcache_core.conformance.behaviour
+import kvcache_core.conformance.plugins
+import kvcache_core.discovery  # noqa: F401
+import kvcache_plugins.dsa
+import kvcache_plugins.hisparse
+import kvcache_plugins.mamba
+import kvcache_plugins.mha
+import kvcache_plugins.mla
+import kvcache_plugins.swa  # noqa: F401
+
+# Bounded shrinking inside the suite: a broken change must fail in seconds, not after
+# hypothesis's default five minutes of shrinking. ``--hypothesis-profile=thorough`` lifts it.
+settings.register_profile("kvcache-suite", deadline=None, max_examples=100)
+settings.register_profile("thorough", deadline=None, max_examples=1000)
+settings.load_profile("kvcache-suite")
+#: Seconds hypothesis may spend shrinking one failure in the suite (its own default is 300).
+SUITE_SHRINK_SECONDS = 10
+
+
+def _bound_shrinking() -> None:
+    """Hypothesis has no public setting for shrink time; its engine constant is the one knob
+    (the behaviour battery bounds it the same way). Left alone if a version drops it."""
+    from hypothesis.internal.conjecture import engine
+
+    if isinstance(getattr(engine, "MAX_SHRINKING_SECONDS", None), (int, float)):
+        engine.MAX_SHRINKING_SECONDS = SUITE_SHRINK_SECONDS  # type: ignore[assignment]
+
+
+_bound_shrinking()
+
 
 @dataclass(frozen=True)
 class Layer:

@@ -46,7 +46,8 @@ def register(sub: Any) -> None:
         action="append",
         metavar="PROTOCOL[,...]",
         help="protocols to check paths and module:Class targets against "
-        "(default: inferred from the methods each class defines)",
+        "(default: inferred from the methods each class defines); for a plugin or pool "
+        "name, protocols checked on top of what its spec declares",
     )
     parser.add_argument(
         "--level",

@@ -34,8 +34,14 @@ _MYPY = "type-error"
 
 
 def level_of(check: str) -> str:
-    """``source:KVPool`` -> ``source``; ``drift:overrides`` -> ``drift``; ``load`` -> ``load``."""
-    return check.split(":", 1)[0]
+    """``source:KVPool`` -> ``source``; ``drift:overrides`` -> ``drift``; ``load`` -> ``load``;
+    ``behaviour/write-isolation`` -> ``behaviour``.
+
+    Every check of one level must map to that level: findings are merged only *across*
+    levels, and two behaviour checks read as two levels would merge their failures (which
+    share target and rule) into one, losing every message and reproduction but the first.
+    """
+    return check.split(":", 1)[0].split("/", 1)[0]
 
 
 def _key(finding: Finding) -> _Key:

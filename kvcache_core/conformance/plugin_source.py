@@ -36,6 +36,7 @@ from .sources import ClassSource, ModuleSource, SourceIndex, flatten_statements
 from .target import ClassTarget
 
 __all__ = [
+    "CAPABILITY_COMPANION_NAMES",
     "CAPABILITY_PROTOCOL_NAMES",
     "ENTRY_POINT_GROUP",
     "PluginLoad",
@@ -63,6 +64,12 @@ CAPABILITY_PROTOCOL_NAMES: Mapping[str, tuple[str, str, str]] = MappingProxyType
         "HISPARSE": ("hisparse", "pool", "HiSparsePool"),
         "PAGED": ("paged", "allocator", "PagedAllocator"),
     }
+)
+
+#: ``Capability`` member name -> (the other role, the Protocol's name): the torch-free twin of
+#: ``contracts.spec.CAPABILITY_COMPANION_PROTOCOLS`` (the same test checks they agree).
+CAPABILITY_COMPANION_NAMES: Mapping[str, tuple[str, str]] = MappingProxyType(
+    {"SLIDING_WINDOW": ("allocator", "SWAAllocator")}
 )
 
 _HOOK = "kvcache_pool_specs"
@@ -316,9 +323,15 @@ def static_spec_targets(spec: StaticSpec, plugin: str) -> list[ClassTarget]:
     """``plugins.spec_targets`` of a spec read from source: the same targets, field for field."""
     protocols = {"pool": ["KVPool"], "allocator": ["TokenAllocator"]}
     by_value = {value: (role, proto) for value, role, proto in CAPABILITY_PROTOCOL_NAMES.values()}
+    companion = {
+        CAPABILITY_PROTOCOL_NAMES[member][0]: entry
+        for member, entry in CAPABILITY_COMPANION_NAMES.items()
+    }
     for value in spec.capabilities:  # sorted by value, as sorting the str enum sorts
-        role, proto = by_value[value]
-        protocols[role].append(proto)
+        entries = [by_value[value], *([companion[value]] if value in companion else [])]
+        for role, proto in entries:
+            if proto not in protocols[role]:
+                protocols[role].append(proto)
     return [
         _target(spec.pool_class, protocols["pool"], plugin, spec.name),
         _target(spec.allocator_class, protocols["allocator"], plugin, spec.name),

@@ -18,13 +18,13 @@ from importlib import metadata
 import pluggy
 
 from .. import hookspecs
-from ..contracts.spec import CAPABILITY_PROTOCOLS, PoolSpec
+from ..contracts.spec import PoolSpec, declared_protocols
 from ..discovery import PluginInfo, load_plugin_specs, spec_shape_problem
 from .model import CheckResult, Finding, Outcome
 from .plugin_source import entry_points, select_plugin_targets
 from .target import ClassTarget
 
-__all__ = ["entry_point_names", "plugin_pools", "plugin_targets"]
+__all__ = ["entry_point_names", "installed_spec", "plugin_pools", "plugin_targets"]
 
 
 def entry_point_names() -> list[str]:
@@ -67,11 +67,9 @@ def _class_target(cls: type, protocols: list[str], plugin: str, pool: str) -> Cl
 
 def spec_targets(spec: PoolSpec, plugin: str) -> list[ClassTarget]:
     """The pool class and the allocator class of ``spec``, with the Protocols it declares."""
-    pool = ["KVPool"]
-    allocator = ["TokenAllocator"]
-    for capability in sorted(spec.capabilities):
-        role, proto = CAPABILITY_PROTOCOLS[capability]
-        (pool if role == "pool" else allocator).append(proto.__name__)
+    protocols = declared_protocols(spec.capabilities)
+    pool = [proto.__name__ for proto in protocols["pool"]]
+    allocator = [proto.__name__ for proto in protocols["allocator"]]
     return [
         _class_target(spec.pool_class, pool, plugin, spec.name),
         _class_target(spec.allocator_class, allocator, plugin, spec.name),
@@ -117,6 +115,22 @@ def plugin_specs(plugin: str) -> list[PoolSpec]:
     if plugin not in available:
         return []
     return _load_specs(available[plugin])[0]
+
+
+def installed_spec(name: str) -> PoolSpec:
+    """The spec of pool ``name`` as an installed plugin returns it, *without* discovery's
+    validation: what a behaviour finding's reproduction builds its pool from.
+
+    Why not ``discover().create(name)``: discovery refuses a drifted or under-declared plugin,
+    and that is exactly the plugin whose behaviour findings its author needs to reproduce.
+
+    :raises LookupError: No installed plugin declares a pool of that name.
+    """
+    for ep in entry_points():
+        for spec in _load_specs(ep)[0]:
+            if spec.name == name:
+                return spec
+    raise LookupError(f"no installed plugin declares a pool named {name!r}")
 
 
 def plugin_pools(

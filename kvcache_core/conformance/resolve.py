@@ -10,7 +10,8 @@ A target is one of:
 
 Paths and ``module:Class`` are checked against ``--against`` when given, else against what
 ``infer`` says the class claims; plugins always against what their spec declares, because that
-is what an engine relies on. Nothing here imports a target: plugins are imported (discovery
+is what an engine relies on (``--against`` adds Protocols to a plugin's classes, by role; it
+never replaces the declared ones). Nothing here imports a target: plugins are imported (discovery
 would import them too), files and modules are only located and parsed. When only the source
 level runs, a plugin whose hook is a plain list of ``PoolSpec(...)`` is read instead of imported
 (``plugin_source``), with the same targets.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 
 from .infer import infer_protocols
 from .methods import PROTOCOL_ORDER
@@ -176,6 +178,28 @@ def resolve_targets(
                 found, failed = plugin_targets(plugins or None)
         except LookupError as exc:
             raise UsageError(str(exc)) from None
+        if against is not None:
+            found = [_also_against(t, against) for t in found]
         targets += found
         errors += failed
     return _merge(targets), errors
+
+
+#: Protocols an allocator class is held to; every other contract Protocol is a pool's.
+_ALLOCATOR_PROTOCOLS = frozenset(
+    {"TokenAllocator", "PagedAllocator", "SWAAllocator", "MambaSlotAllocator"}
+)
+
+
+def _also_against(target: ClassTarget, against: tuple[str, ...]) -> ClassTarget:
+    """A plugin's class checked against ``--against`` *as well as* what its spec declares.
+
+    Each Protocol goes to the class of its role (allocator Protocols to the allocator class,
+    the others to the pool class): the spec's declaration is what discovery holds the plugin
+    to, so it is never dropped; ``--against`` asks for more (a capability the author means to
+    declare next, say).
+    """
+    allocator = "TokenAllocator" in target.protocols
+    extra = [p for p in against if (p in _ALLOCATOR_PROTOCOLS) == allocator]
+    protocols = tuple(dict.fromkeys([*target.protocols, *extra]))
+    return replace(target, protocols=protocols) if protocols != target.protocols else target

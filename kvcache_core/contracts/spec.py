@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .allocator import PagedAllocator, TokenAllocator
+from .allocator import PagedAllocator, SWAAllocator, TokenAllocator
 from .history import CONTRACT_VERSION
 from .pool import (
     HiSparsePool,
@@ -28,12 +28,14 @@ from .pool import (
 )
 
 __all__ = [
+    "CAPABILITY_COMPANION_PROTOCOLS",
     "CAPABILITY_PROTOCOLS",
     "CONTRACT_VERSION",
     "Capability",
     "PoolConfig",
     "PoolFactory",
     "PoolSpec",
+    "declared_protocols",
 ]
 
 
@@ -85,6 +87,33 @@ CAPABILITY_PROTOCOLS: Mapping[Capability, tuple[str, type]] = MappingProxyType(
         Capability.PAGED: ("allocator", PagedAllocator),
     }
 )
+
+#: What a capability also requires of the spec's *other* class: a sliding window is released
+#: through the allocator (``free_swa``, and the full->window table lives there), so
+#: ``sliding-window`` holds the allocator to [`SWAAllocator`][kvcache_core.SWAAllocator] as
+#: well as the pool to [`SlidingWindowPool`][kvcache_core.SlidingWindowPool]. Without it a pool
+#: whose allocator lacks ``free_swa`` would be accepted and an engine would never release a
+#: window slot.
+CAPABILITY_COMPANION_PROTOCOLS: Mapping[Capability, tuple[str, type]] = MappingProxyType(
+    {Capability.SLIDING_WINDOW: ("allocator", SWAAllocator)}
+)
+
+
+def declared_protocols(capabilities: frozenset[Capability]) -> dict[str, list[type]]:
+    """``{"pool": [...], "allocator": [...]}``: every Protocol a spec declaring
+    ``capabilities`` must satisfy, by the role of the class that must satisfy it (the base
+    Protocols first, then each capability's, in sorted capability order, its companion after
+    it). Discovery, ``kvcache check`` and the engine all read this one answer."""
+    out: dict[str, list[type]] = {role: [proto] for role, proto in BASE_PROTOCOLS.items()}
+    for capability in sorted(capabilities):
+        for entry in (
+            CAPABILITY_PROTOCOLS[capability],
+            CAPABILITY_COMPANION_PROTOCOLS.get(capability),
+        ):
+            if entry is not None and entry[1] not in out[entry[0]]:
+                out[entry[0]].append(entry[1])
+    return out
+
 
 #: Protocols every spec is checked against regardless of its capabilities.
 BASE_PROTOCOLS: Mapping[str, type] = MappingProxyType({"pool": KVPool, "allocator": TokenAllocator})

@@ -32,7 +32,9 @@ from kvcache_core import (
     TokenAllocator,
 )
 
+from ..contracts.spec import declared_protocols
 from .model import ModelShape, TinyModel, layer_types
+from .reference import REFERENCE_KINDS, reference_outputs
 from .scheduler import Request, Scheduler, Unsupported, make_requests
 
 __all__ = [
@@ -197,6 +199,7 @@ def _run_once(
     budget: int,
     page: int,
     progress: Callable[[Scheduler], None] | None,
+    capabilities: frozenset[Capability] = frozenset(),
 ) -> tuple[RunStats, dict[int, list[int]]]:
     began = time.perf_counter()
     config = pool_config(kind, settings.shape, budget, page, settings.max_running)
@@ -205,6 +208,20 @@ def _run_once(
     if missing or not isinstance(allocator, TokenAllocator):
         what = ", ".join(missing) if missing else "TokenAllocator (allocator)"
         raise TypeError(f"the factory's objects do not satisfy {what}")
+    # Every Protocol the spec's capabilities promise, on the object of its role: a declared
+    # capability the engine would otherwise skip (a window never released, pages allocated
+    # one token at a time) is an error here, not a silent fallback.
+    objects = {"pool": pool, "allocator": allocator}
+    broken = [
+        f"{proto.__name__} ({role})"
+        for role, protos in declared_protocols(capabilities).items()
+        for proto in protos
+        if not isinstance(objects[role], proto)
+    ]
+    if broken:
+        raise TypeError(
+            f"the factory's objects do not satisfy what the spec declares: {', '.join(broken)}"
+        )
     assert isinstance(pool, KVPool)
     model = TinyModel(kind, settings.shape, settings.seed)
     requests = make_requests(settings.requests, settings.seed, settings.shape.vocab)
@@ -237,7 +254,9 @@ def run_pool(
     progress: Callable[[str, str, Scheduler], None] | None = None,
     create: Callable[[PoolConfig], tuple[Any, Any]] | None = None,
 ) -> PoolReport:
-    """Run ``spec`` with ample memory, then with ``settings.budget``; compare the tokens.
+    """Run ``spec`` with ample memory, then with ``settings.budget``; compare the tokens with
+    each other and, for the model kinds in ``reference.REFERENCE_KINDS``, with the same model
+    over a plain reference store (which catches a pool that corrupts both runs alike).
 
     ``create`` builds the pool and allocator (default ``spec.factory``; `run_demo` passes
     ``registry.create``, which also checks the factory returned a pool).
@@ -268,12 +287,13 @@ def _run_pool(
     )
     try:
         label = "ample"
+        caps = spec.capabilities
         report.ample, first = _run_once(
-            create, kind, settings, ample, page, _tag(progress, name, label)
+            create, kind, settings, ample, page, _tag(progress, name, label), caps
         )
         label = "constrained"
         report.constrained, second = _run_once(
-            create, kind, settings, settings.budget, page, _tag(progress, name, label)
+            create, kind, settings, settings.budget, page, _tag(progress, name, label), caps
         )
     except Unsupported as exc:  # the engine lacks what it needs: not the pool's fault
         report.status, report.reason = "skipped", str(exc)
@@ -284,6 +304,20 @@ def _run_pool(
         report.seconds = round(time.perf_counter() - began, 3)
         return report
     report.differing_requests = sorted(r for r in first if first[r] != second.get(r))
+    if kind in REFERENCE_KINDS:
+        # Both runs of one pool agree when the pool corrupts every run alike: the tokens must
+        # also be the model's over a plain store (bit-reproducible per request, see model).
+        requests = make_requests(settings.requests, settings.seed, settings.shape.vocab)
+        reference = reference_outputs(kind, settings.shape, settings.seed, requests)
+        wrong = [
+            r for r in reference if first.get(r) != reference[r] or second.get(r) != reference[r]
+        ]
+        if wrong:
+            report.differing_requests = sorted({*report.differing_requests, *wrong})
+            report.reason = (
+                f"{len(wrong)} request(s) differ from the same model over a plain reference "
+                "store: the pool stores or reads back wrong values, with or without retraction"
+            )
     report.identical = not report.differing_requests and first.keys() == second.keys()
     report.status = "identical" if report.identical else "differ"
     report.seconds = round(time.perf_counter() - began, 3)

@@ -132,7 +132,15 @@ class Scheduler:
         self.model, self.pool, self.allocator = model, pool, allocator
         self.page = allocator.page_size
         self.paged = isinstance(allocator, PagedAllocator)
-        self.window = isinstance(pool, SlidingWindowPool) and isinstance(allocator, SWAAllocator)
+        self.window = isinstance(pool, SlidingWindowPool)
+        if self.window and not isinstance(allocator, SWAAllocator):
+            # Not skipped in silence: without free_swa no window slot is ever given back, and
+            # the engine would serve until the window side runs dry.
+            raise EngineError(
+                "a sliding-window pool whose allocator is not an SWAAllocator (free_swa, "
+                "swa_available_size, full_available_size, translate_loc_from_full_to_swa): "
+                "the engine could never release a window slot"
+            )
         self.mamba = getattr(allocator, "mamba_allocator", None)
         if isinstance(pool, MambaStatePool) and not isinstance(self.mamba, MambaSlotAllocator):
             raise Unsupported(

@@ -171,7 +171,7 @@ def test_offload_reproductions_run_clean_on_a_correct_pool(name):
 
 _FORCED = [
     ("readback", "first_mismatch", "write-readback"),
-    ("window", "first_mismatch", "swa-loc-window"),
+    ("window", "first_difference", "swa-loc-window"),
     ("isolation", "first_difference", "write-isolation"),
     ("offload", "_changed_part", "snapshot-is-copy"),
     ("offload", "first_difference", "snapshot-is-copy"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 
 from kvcache_core import PoolConfig, PoolSpec
-from kvcache_core.conformance.behaviour import run_spec
+from kvcache_core.conformance.behaviour import run_spec, select_checks
 from kvcache_core.conformance.model import Outcome
 from kvcache_plugins.mha import MHATokenToKVPool
 from kvcache_plugins.mha import create as create_mha
@@ -46,11 +46,15 @@ def _by_check(results: list) -> dict[str, object]:
 
 
 def test_a_hanging_check_times_out_and_the_others_still_pass() -> None:
+    spec = _spec("hangs", HangingSizePool)
+    others = [c.id for c in select_checks(spec) if c.id != "kv-size-bytes"]
     try:
-        results = _by_check(run_spec(_spec("hangs", HangingSizePool), timeout_s=1.0))
+        (hung,) = run_spec(spec, only=["kv-size-bytes"], timeout_s=1.0)
+        # The others run while the hung check's thread is still blocked, with the default
+        # timeout: a 1 s budget for every check fails a busy machine's state machine.
+        results = _by_check(run_spec(spec, only=others))
     finally:
         RELEASE.set()  # let the abandoned daemon thread finish
-    hung = results.pop("kv-size-bytes")
     assert hung.outcome is Outcome.FAILED
     (finding,) = hung.findings
     assert "did not finish within 1 s (a hang?)" in finding.message

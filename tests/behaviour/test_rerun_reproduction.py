@@ -12,6 +12,6 @@ def test_rerun_snippet_runs_the_check_on_an_installed_pool() -> None:
     spec = discover().spec("mha")
     check = select_checks(spec)[0]
     snippet = _rerun(check, spec)
-    assert f"BATTERY[{check.id!r}]" in snippet and "discover().spec('mha')" in snippet
+    assert f"BATTERY[{check.id!r}]" in snippet and "installed_spec('mha')" in snippet
     exec(compile(snippet, "<reproduction>", "exec"), {})  # the conforming pool: no exception
     assert check.id in BATTERY

@@ -23,6 +23,7 @@ def test_level_of():
     assert level_of("source:KVPool") == "source"
     assert level_of("drift:overrides") == "drift"
     assert level_of("load") == "load"
+    assert level_of("behaviour/write-isolation") == "behaviour"
 
 
 def test_the_same_finding_from_three_levels_is_one():

@@ -19,6 +19,7 @@ import pytest
 
 from kvcache_core.conformance.model import CheckResult
 from kvcache_core.conformance.plugin_source import (
+    CAPABILITY_COMPANION_NAMES,
     CAPABILITY_PROTOCOL_NAMES,
     ENTRY_POINT_GROUP,
     entry_points,
@@ -60,6 +61,10 @@ def test_the_torch_free_twins_match_the_live_contract() -> None:
     assert ENTRY_POINT_GROUP == hookspecs.ENTRY_POINT_GROUP
     live = {c.name: (c.value, *_role_name(CAPABILITY_PROTOCOLS[c])) for c in Capability}
     assert dict(CAPABILITY_PROTOCOL_NAMES) == live
+    from kvcache_core.contracts.spec import CAPABILITY_COMPANION_PROTOCOLS
+
+    companions = {c.name: _role_name(e) for c, e in CAPABILITY_COMPANION_PROTOCOLS.items()}
+    assert dict(CAPABILITY_COMPANION_NAMES) == companions
 
 
 def _role_name(entry: tuple[str, type]) -> tuple[str, str]:

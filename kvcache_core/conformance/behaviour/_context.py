@@ -131,7 +131,8 @@ class CheckContext:
         The snippet names ``config``, ``factory`` (call ``factory(config)`` for another pool),
         ``pool``, ``allocator`` and ``Layer``. ``factory`` is the spec's own factory imported by
         name when it is a module-level function (so the snippet also runs for a spec that is not
-        installed, such as a test's broken pool), else the installed plugin's via ``discover()``.
+        installed, such as a test's broken pool), else the installed plugin's spec as its hook
+        returns it (``installed_spec``: a plugin that discovery rejects still reproduces).
         """
         head = [
             "import torch",
@@ -158,4 +159,7 @@ def factory_source(spec: PoolSpec) -> list[str]:
         and getattr(module, qualname, None) is (spec.factory)
     ):
         return [f"from {module_name} import {qualname} as factory"]
-    return [f"def factory(config): return discover().create({spec.name!r}, config)"]
+    return [
+        "from kvcache_core.conformance.plugins import installed_spec",
+        f"factory = installed_spec({spec.name!r}).factory",
+    ]

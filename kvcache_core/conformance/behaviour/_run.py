@@ -69,10 +69,11 @@ def _rerun(check: BehaviourCheck, spec: PoolSpec) -> str:
     return "\n".join(
         [
             "import torch",
-            "from kvcache_core import PoolConfig, discover",
+            "from kvcache_core import PoolConfig",
             "from kvcache_core.conformance.behaviour import BATTERY, CheckContext, select_checks",
+            "from kvcache_core.conformance.plugins import installed_spec",
             "",
-            f"spec = discover().spec({spec.name!r})",
+            f"spec = installed_spec({spec.name!r})  # as the plugin declares it, even if rejected",
             "select_checks(spec)  # registers the battery",
             f"config = {config_source(default_config(spec))}",
             f"BATTERY[{check.id!r}].function(CheckContext(spec, config))  # raises",

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from ....contracts.spec import Capability
+from .._check import BehaviourFailure
 from .._context import CheckContext, Layer
 from .._state import attention_layer_ids
 
@@ -28,6 +29,8 @@ __all__ = [
     "kv_rows",
     "latent_width",
     "mamba_request_slots",
+    "slot_orders",
+    "whole_pages",
     "write_state_rows",
 ]
 
@@ -37,10 +40,15 @@ def allocate(ctx: CheckContext, allocator: Any, n: int) -> torch.Tensor:
 
     Paged allocators (``paged`` capability) get one ``alloc_extend`` from an empty prefix, so
     ``n`` need not be a multiple of the page size and the slots start at a page boundary;
-    token allocators get ``alloc(n)``. Running out is a failure of the check's own sizing.
+    token allocators get ``alloc`` of ``n`` rounded up to whole pages (an allocator without
+    ``alloc_extend`` can only hand out whole pages when its page size is above 1), of which
+    the first ``n`` are used. Running out is a failure of the check's own sizing; an allocation
+    of the wrong number of slots is a finding (the checks would index past it).
     """
     if Capability.PAGED in ctx.capabilities:
         device = getattr(allocator, "device", None) or "cpu"
+        asked = n
+        call = f"alloc_extend(..., extend_num_tokens={n})"
         slots = allocator.alloc_extend(
             torch.tensor([0], dtype=torch.int64, device=device),
             torch.tensor([n], dtype=torch.int64, device=device),
@@ -48,11 +56,57 @@ def allocate(ctx: CheckContext, allocator: Any, n: int) -> torch.Tensor:
             n,
         )
     else:
-        slots = allocator.alloc(n)
+        asked = whole_pages(ctx, n)
+        call = f"alloc({asked})"
+        slots = allocator.alloc(asked)
     if slots is None:
         raise RuntimeError(f"the allocator could not provide {n} slots to the battery")
-    result: torch.Tensor = slots.reshape(-1).to(torch.int64)
+    if not isinstance(slots, torch.Tensor) or slots.numel() != asked:
+        got = slots.numel() if isinstance(slots, torch.Tensor) else type(slots).__name__
+        raise BehaviourFailure(
+            f"allocator.{call} returned {got} slot(s), not {asked}: an allocation is never "
+            "partial (None when short)",
+            reproduction=ctx.reproduction(
+                [
+                    allocate_source(ctx, n, "out").split("[:")[0],
+                    f"assert out is not None and len(out) == {asked}, "
+                    f"f'asked for {asked} slots, got {{out}}'",
+                ]
+            ),
+            hint="return exactly the slots asked for, or None when they do not fit",
+        )
+    result: torch.Tensor = slots.reshape(-1).to(torch.int64)[:n]
     return result
+
+
+def whole_pages(ctx: CheckContext, n: int) -> int:
+    """``n`` rounded up to a multiple of the config's page size."""
+    page = int(ctx.config.page_size)
+    return -(-n // page) * page
+
+
+def slot_orders(
+    slots: torch.Tensor, page: int, gen: torch.Generator
+) -> list[tuple[str, torch.Tensor]]:
+    """Subsets of one allocation in every order an engine may pass them, by name.
+
+    Why the checks build these themselves: an allocator hands out slots in one order (often
+    ascending pages), but an engine passes any valid slots in any order (a radix-cache hit
+    followed by fresh pages, a retraction of tokens the scheduler chose, a batch of requests
+    concatenated). A pool that only misbehaves for an order its own allocator never produces
+    must still be caught. ``slots`` must hold at least ``2 * page`` slots starting at a page
+    boundary (what :func:`allocate` returns for that many tokens).
+    """
+    n = slots.numel()
+    run = slots[1 : min(n, 6)]
+    pages = max(1, n // page) * page
+    return [
+        ("an ascending run", run),
+        ("a descending run", run.flip(0)),
+        ("shuffled slots", slots[torch.randperm(n, generator=gen)[: max(2, n - 2)]]),
+        ("a single slot", slots[n // 2 : n // 2 + 1]),
+        ("whole pages", slots[: min(n, pages)]),
+    ]
 
 
 def allocate_source(ctx: CheckContext, n: int, name: str = "slots") -> str:
@@ -62,7 +116,8 @@ def allocate_source(ctx: CheckContext, n: int, name: str = "slots") -> str:
             f"{name} = allocator.alloc_extend(torch.tensor([0]), torch.tensor([{n}]), "
             f"torch.tensor([-1]), {n})"
         )
-    return f"{name} = allocator.alloc({n})"
+    asked = whole_pages(ctx, n)
+    return f"{name} = allocator.alloc({asked})" + (f"[:{n}]" if asked != n else "")
 
 
 def is_window_layer(ctx: CheckContext, pool: Any, layer: int) -> bool:
@@ -180,12 +235,18 @@ def expected_after_write(
     k: torch.Tensor,
     v: torch.Tensor,
     after: dict[str, torch.Tensor],
+    rows: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """``before`` with the rows one ``set_kv_buffer(layer, slots, k, v)`` owns set to what it
     wrote; the padding row 0 of that layer's buffers is taken from ``after`` (tokens without
-    a window or device slot are written there)."""
+    a window or device slot are written there). ``rows`` overrides the buffer rows the write
+    owns (a window layer written at an explicit ``swa_loc``; 0 or less: no row)."""
     expected = {name: t.clone() for name, t in before.items()}
-    rows = buffer_rows(ctx, pool, layer, slots)
+    if rows is None:
+        rows = buffer_rows(ctx, pool, layer, slots)
+    else:
+        rows = rows.to("cpu", torch.int64)
+        rows = torch.where(rows > 0, rows, torch.full_like(rows, -1))
     held = rows >= 0
     rank = latent_width(pool) if Capability.MLA in ctx.capabilities else None
     key, value = expected[f"layer {layer} key"], expected[f"layer {layer} value"]

@@ -272,6 +272,33 @@ def allocator_machine(ctx: CheckContext, log: list[list[str]]) -> type[RuleBased
                 self.fail(f"{call} returned slots of {len(pages_got)} page(s), not {pages}")
             self.model.add(slots)
 
+        @precondition(lambda self: self.page > 1)
+        @rule(pages=st.integers(min_value=0, max_value=2), extra=st.integers(1, 63))
+        def alloc_part_of_a_page(self, pages: int, extra: int) -> None:
+            """``alloc`` of a count that is not a whole number of pages: refused with a
+            ``KVCacheError`` (nothing taken), or exactly that many slots; never fewer (an
+            empty tensor for a short page), never a silent partial allocation."""
+            need = pages * self.page + 1 + extra % (self.page - 1)
+            call = f"allocator.alloc({need})"
+            self.log(
+                "try:",
+                f"    out = {call}",
+                "except KVCacheError:",
+                "    out = 'refused'",
+                f"assert out == 'refused' or out is None or len(out) == {need}, "
+                f"f'alloc({need}) returned {{len(out)}} slot(s)'",
+            )
+            try:
+                out = self.allocator.alloc(need)
+            except KVCacheError:
+                self.expect_available(f"after a refused {call}")
+                return
+            if out is None:
+                if -(-need // self.page) > self.model.free_pages():
+                    return
+                self.fail(f"{call} returned None with {self.model.available()} slot(s) free")
+            self.model.add(self.check_new(out, need, call))
+
         @rule(data=st.data())
         def free(self, data: st.DataObject) -> None:
             rid = self.pick(data, "request")

@@ -8,8 +8,8 @@ buffer before and after the refused call catches that.
 
 Why the cases are Python source: each case is one statement executed against a namespace that
 holds the pool, so the reproduction in a finding is literally the code that ran (no second
-rendering that could drift from what was checked). Cases run in order on one pool and stop at
-the first failure, which is the one reported.
+rendering that could drift from what was checked). Cases run in order on one pool; every case
+that is not refused cleanly is reported (one finding per check, naming each case).
 """
 
 from __future__ import annotations
@@ -121,24 +121,37 @@ def _namespace(pool: Any, allocator: Any, ctx: CheckContext) -> dict[str, Any]:
     }
 
 
-def _repro_tail(case: Case, capabilities: frozenset[Capability]) -> list[str]:
-    return [
-        f"caps = {_caps_source(capabilities)}",
-        "before, sizes = capture(pool, config, caps), allocator_observables(allocator)",
-        f"# case: {case.name}",
-        "try:",
-        f"    {case.call}",
-        "except KVCacheError as exc:",
-        "    print('refused:', type(exc).__name__, exc)",
-        "except Exception as exc:",
-        "    raise AssertionError(f'raised {type(exc).__name__}, not a KVCacheError: {exc}')",
-        "else:",
-        "    raise AssertionError('the bad call was accepted')",
-        "where = first_difference(before, capture(pool, config, caps))",
-        "assert where is None, f'the refused call changed the pool: {where}'",
-        "assert allocator_observables(allocator) == sizes, (",
-        "    'the refused call changed the allocator')",
-    ]
+_REPRO_HELPER = [
+    "problems = []",
+    "",
+    "def refused_cleanly(case, call):",
+    "    # Run one malformed call; record what is wrong with how it was refused.",
+    "    before, sizes = capture(pool, config, caps), allocator_observables(allocator)",
+    "    try:",
+    "        call()",
+    "    except KVCacheError as exc:",
+    "        print(case, '-> refused:', type(exc).__name__, exc)",
+    "    except Exception as exc:",
+    "        problems.append(f'{case}: raised {type(exc).__name__}, not a KVCacheError: {exc}')",
+    "        return",
+    "    else:",
+    "        problems.append(f'{case}: the bad call was accepted')",
+    "        return",
+    "    where = first_difference(before, capture(pool, config, caps))",
+    "    if where is not None:",
+    "        problems.append(f'{case}: the refused call changed the pool: {where}')",
+    "    elif allocator_observables(allocator) != sizes:",
+    "        problems.append(f'{case}: the refused call changed the allocator')",
+    "",
+]
+
+
+def _repro_cases(cases: Sequence[Case], capabilities: frozenset[Capability]) -> list[str]:
+    """Every failing case, each run as the check ran it, then one assert naming them all."""
+    lines = [f"caps = {_caps_source(capabilities)}", *_REPRO_HELPER]
+    lines += [f"refused_cleanly({case.name!r}, lambda: {case.call})" for case in cases]
+    lines.append("assert not problems, 'not refused cleanly: ' + '; '.join(problems)")
+    return lines
 
 
 def run_cases(
@@ -150,13 +163,20 @@ def run_cases(
     hint: str,
     namespace: dict[str, Any] | None = None,
 ) -> None:
-    """Build one pool, run ``setup``, then every case; raise on the first one not refused
-    cleanly (accepted, refused with a non-kvcache error, or refused after changing state)."""
+    """Build one pool, run ``setup``, then every case; raise naming *every* case not refused
+    cleanly (accepted, refused with a non-kvcache error, or refused after changing state).
+
+    Every case runs even after one failed: a pool that accepts one malformed call may also
+    half-apply another, and reporting only the first would hide the second until the first
+    is fixed. Each case is compared against the state right before it, so one case's
+    damage never shows up as another's.
+    """
     pool, allocator = ctx.build()
     ns = _namespace(pool, allocator, ctx)
     ns.update(namespace or {})
     exec(compile("\n".join(setup), f"<{what} setup>", "exec"), ns)
     caps = ctx.capabilities
+    failed: list[tuple[Case, str]] = []
     for case in cases:
         before = capture(pool, ctx.config, caps)
         sizes = allocator_observables(allocator)
@@ -178,11 +198,19 @@ def run_cases(
                 if now != sizes:
                     problem = f"was refused but changed the allocator: {sizes} -> {now}"
         if problem is not None:
-            raise BehaviourFailure(
-                f"{what} with {case.name} {problem}; the call: {case.call}",
-                reproduction=ctx.reproduction(_IMPORTS + list(setup) + _repro_tail(case, caps)),
-                hint=hint,
-            )
+            failed.append((case, problem))
+    if failed:
+        said = [
+            f"{what} with {case.name} {problem}; the call: {case.call}" for case, problem in failed
+        ]
+        count = f"{len(failed)} of {len(cases)} malformed calls not refused cleanly: "
+        raise BehaviourFailure(
+            count + " | ".join(said),
+            reproduction=ctx.reproduction(
+                _IMPORTS + list(setup) + _repro_cases([c for c, _ in failed], caps)
+            ),
+            hint=hint,
+        )
 
 
 # -- writes ------------------------------------------------------------------------------------
@@ -410,17 +438,15 @@ def bad_reload_rejected(ctx: CheckContext) -> None:
         f"src = allocator.alloc({n})",
         f"snapshot = pool.get_cpu_copy(src{kw})",
         f"dst = allocator.alloc({n})",
-        f"other_pool, other_alloc = discover().create({ctx.spec.name!r}, "
-        f"dataclasses.replace(config, {overrides}))",
+        f"other_pool, other_alloc = factory(dataclasses.replace(config, {overrides}))",
         f"other_snapshot = other_pool.get_cpu_copy(other_alloc.alloc({n}){kw})",
-        f"more_pool, more_alloc = discover().create({ctx.spec.name!r}, "
-        "dataclasses.replace(config, layer_num=config.layer_num + 1))",
+        "more_pool, more_alloc = factory(dataclasses.replace(config, "
+        "layer_num=config.layer_num + 1))",
         f"more_layers = more_pool.get_cpu_copy(more_alloc.alloc({n}){kw})",
         *_wrong_part_source(),
     ]
-    # Inside the check, ``discover().create`` builds through the spec under test (it may not be
-    # registered under entry points, e.g. a pool defined in a test).
-    ns: dict[str, Any] = {"discover": lambda: _SpecRegistry(ctx)}
+    # ``factory`` is the spec under test's own (the reproduction binds the same name to it).
+    ns: dict[str, Any] = {"factory": ctx.spec.factory}
     mi = ", mamba_indices=torch.tensor([2])" if mamba else ""
     cases: list[Case] = []
     for target in ("pool", "allocator"):
@@ -487,14 +513,3 @@ def bad_reload_rejected(ctx: CheckContext) -> None:
                 ),
             ]
     run_cases(ctx, "load_cpu_copy", setup, cases, hint=_RELOAD_HINT, namespace=ns)
-
-
-class _SpecRegistry:
-    """What ``discover()`` returns inside a check: builds through the spec under test."""
-
-    def __init__(self, ctx: CheckContext) -> None:
-        self._ctx = ctx
-
-    def create(self, name: str, config: PoolConfig) -> tuple[Any, Any]:
-        pool, allocator = self._ctx.spec.factory(config)
-        return pool, allocator

@@ -28,6 +28,7 @@ from ._pools import (
     index_rows,
     is_window_layer,
     kv_rows,
+    slot_orders,
 )
 
 HINT = (
@@ -80,13 +81,22 @@ def _fail(
 
 @behaviour_check("write-isolation", hint=HINT)
 def write_isolation(ctx: CheckContext) -> None:
-    """A write to one layer at some slots changes no other layer and no other slot."""
+    """A write to one layer at some slots changes no other layer and no other slot, for slot
+    sets in every order an engine may pass (ascending and descending runs, shuffled slots, a
+    single slot, whole pages)."""
     pool, allocator = ctx.build()
     gen = ctx.generator(23)
     n = 2 * int(pool.page_size) + 3
     slots = allocate(ctx, allocator, n)
     fill_everything(ctx, pool, gen)
-    chosen = slots[torch.randperm(n, generator=gen)[:4]]
+    for _, chosen in slot_orders(slots, int(pool.page_size), gen):
+        _isolated_writes(ctx, pool, n, chosen, gen)
+
+
+def _isolated_writes(
+    ctx: CheckContext, pool: Any, n: int, chosen: torch.Tensor, gen: torch.Generator
+) -> None:
+    """Every write path, on every attention layer, at ``chosen``: only its own rows change."""
     at = chosen.to(pool.device)
     for layer in attention_layer_ids(ctx.config):
         before = capture(pool, ctx.config, ctx.capabilities)

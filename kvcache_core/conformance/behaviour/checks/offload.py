@@ -31,6 +31,7 @@ from ._pools import (
     kv_rows,
     latent_width,
     mamba_request_slots,
+    slot_orders,
     write_state_rows,
 )
 
@@ -58,10 +59,17 @@ class _Pattern:
     tokens: int
     pick: Callable[[int, int, torch.Generator], list[int]]
     resumable: bool = False
+    #: The order of the new slots the snapshot is reloaded at: as the allocator handed them
+    #: out, reversed, or shuffled (engines reload at any valid slots, in any order).
+    targets: str = "as allocated"
 
 
 def _run(n: int, page: int, gen: torch.Generator) -> list[int]:
     return list(range(1, min(n, 1 + 5)))
+
+
+def _descending(n: int, page: int, gen: torch.Generator) -> list[int]:
+    return _run(n, page, gen)[::-1]
 
 
 def _shuffled(n: int, page: int, gen: torch.Generator) -> list[int]:
@@ -79,10 +87,23 @@ def _pages(n: int, page: int, gen: torch.Generator) -> list[int]:
 def _patterns(page: int) -> list[_Pattern]:
     return [
         _Pattern("a run", page + 3, _run, resumable=True),
-        _Pattern("shuffled slots", page + 3, _shuffled),
+        _Pattern("a descending run", page + 3, _descending, targets="reversed"),
+        _Pattern("shuffled slots", page + 3, _shuffled, targets="shuffled"),
         _Pattern("a single slot", 3, _single),
         _Pattern("whole pages", 2 * page, _pages, resumable=True),
     ]
+
+
+def _ordered(new: torch.Tensor, targets: str, gen: torch.Generator) -> list[int]:
+    """Positions into the freshly allocated slots, in the order the reload passes them."""
+    m = new.numel()
+    if targets == "reversed":
+        return list(range(m - 1, -1, -1))
+    if targets == "shuffled":
+        order = [int(i) for i in torch.randperm(m, generator=gen)]
+        # Never ascending by chance: the point is an order the allocator did not hand out.
+        return order if order != sorted(order) or m < 2 else order[::-1]
+    return list(range(m))
 
 
 def _rows_for(
@@ -173,15 +194,17 @@ def _roundtrip(
         old.to(dev), mamba_indices=None if old_m is None else old_m.to(dev)
     )
     new_all = allocate(ctx, allocator, len(picks))
+    order = _ordered(new_all, pattern.targets, gen)
+    new = new_all[torch.tensor(order, dtype=torch.int64)]
     if old_m is not None:
         new_m = mamba_request_slots(allocator, pool, 2, {int(s) for s in old_m.tolist()})
     allocator.free(old_all.to(dev))
     before = capture(pool, ctx.config, ctx.capabilities)
     target.load_cpu_copy(
-        snapshot, new_all.to(dev), mamba_indices=None if new_m is None else new_m.to(dev)
+        snapshot, new.to(dev), mamba_indices=None if new_m is None else new_m.to(dev)
     )
     after = capture(pool, ctx.config, ctx.capabilities)
-    new_rows = _rows_for(ctx, pool, after, new_all, new_m)
+    new_rows = _rows_for(ctx, pool, after, new, new_m)
     hisparse_rank = latent_width(pool) if Capability.HISPARSE in ctx.capabilities else None
     expected = _expected_after_reload(before, old_state, old_rows, new_rows, hisparse_rank)
     where = first_difference(expected, after)
@@ -195,10 +218,10 @@ def _roundtrip(
     state += f" ({_EVICTED[Capability.SLIDING_WINDOW in ctx.capabilities]})" if evict else ""
     call = "pool" if through == "pool" else "allocator"
     differing = next(name for name in after if not same_bits(expected[name], after[name]))
-    steps = roundtrip_steps(ctx, pool, differing, call, n, picks, old_m, new_m, evict)
+    steps = roundtrip_steps(ctx, pool, differing, call, n, picks, old_m, new_m, evict, order)
     raise BehaviourFailure(
         f"offload of {pattern.name} (slots {old.tolist()}) through the {call}{state}, reloaded "
-        f"at new slots {new_all.tolist()}"
+        f"at new slots {new.tolist()}"
         + (f" and request slots {new_m.tolist()}" if new_m is not None else "")
         + f": the state after reload is not the old content at the new slots with everything "
         f"else unchanged: {where}",
@@ -346,8 +369,10 @@ def roundtrip_steps(
     old_m: torch.Tensor | None,
     new_m: torch.Tensor | None,
     evict: bool,
+    order: list[int] | None = None,
 ) -> list[str]:
-    """Reproduction steps for the part that differed: write it, offload, reload, compare."""
+    """Reproduction steps for the part that differed: write it, offload, reload, compare
+    (``order``: positions into the new allocation, in the order the reload passed them)."""
     words = differing.split()
     layer = int(words[2] if words[0] == "mamba" else words[1])
     steps = [allocate_source(ctx, n, "old_all"), f"old = old_all[{picks}]"]
@@ -383,6 +408,11 @@ def roundtrip_steps(
     steps += [
         f"snapshot = {call}.get_cpu_copy(old{mamba_old})",
         allocate_source(ctx, len(picks), "new"),
+        *(
+            [f"new = new[{order}]  # reload targets in this order"]
+            if order is not None and order != sorted(order)
+            else []
+        ),
         "allocator.free(old_all)",
         f"{call}.load_cpu_copy(snapshot, new{mamba_new})",
         f"idx = {picks}",
@@ -426,7 +456,10 @@ def offload_roundtrip(ctx: CheckContext) -> None:
     page = int(ctx.config.page_size)
     states = [False, True] if Capability.MAMBA_STATE in ctx.capabilities else [False]
     evicts = [False]
-    if ctx.capabilities & _EVICTABLE:
+    if Capability.SLIDING_WINDOW in ctx.capabilities:
+        evicts.append(True)  # free_swa is part of the capability: never skipped
+    elif ctx.capabilities & _EVICTABLE:
+        # free_device is the built-in HiSparse allocator's documented extra, not the contract's.
         _, allocator = ctx.build()
         if callable(getattr(allocator, _evict_call(ctx), None)):
             evicts.append(True)
@@ -472,11 +505,22 @@ def _changed_part(
 def snapshot_is_copy(ctx: CheckContext) -> None:
     """Writes to the pool after ``get_cpu_copy`` leave the snapshot as it was, and writes to
     the snapshot's tensors after ``load_cpu_copy`` leave the pool as it was."""
+    page = int(ctx.config.page_size)
+    for number, (order, _) in enumerate(
+        slot_orders(torch.arange(page + 3), page, ctx.generator(71))
+    ):
+        _snapshot_is_copy(ctx, order, number)
+
+
+def _snapshot_is_copy(ctx: CheckContext, order: str, number: int) -> None:
+    """One slot order of ``snapshot-is-copy``, on a fresh pool."""
     pool, allocator = ctx.build()
     gen = ctx.generator(71)
     fill_everything(ctx, pool, gen)
-    n = int(pool.page_size) + 3
-    slots = allocate(ctx, allocator, n)
+    page = int(pool.page_size)
+    n = page + 3  # with the reload's slots, within the smallest pool side the battery builds
+    allocated = allocate(ctx, allocator, n)
+    slots = slot_orders(allocated, page, ctx.generator(71))[number][1]
     dev = pool.device
     mamba = None
     if Capability.MAMBA_STATE in ctx.capabilities:
@@ -490,11 +534,12 @@ def snapshot_is_copy(ctx: CheckContext) -> None:
     first = attention_layer_ids(ctx.config)[0]
     if where is not None:
         raise BehaviourFailure(
-            f"writing the pool at slots {slots.tolist()} after get_cpu_copy changed the "
+            f"writing the pool at {order} {slots.tolist()} after get_cpu_copy changed the "
             f"snapshot (it shares memory with the pool): {where}",
             reproduction=ctx.reproduction(
                 [
-                    allocate_source(ctx, n),
+                    allocate_source(ctx, n, "allocated"),
+                    f"slots = torch.tensor({slots.tolist()})",
                     f"snapshot = pool.get_cpu_copy(slots{mamba_arg})",
                     "kept = {n: t.clone() for n, t in snapshot.parts.items()}",
                     "kept.update({f'{c}.{n}': t.clone() for c, s in snapshot.children.items() "
@@ -511,7 +556,7 @@ def snapshot_is_copy(ctx: CheckContext) -> None:
             ),
             hint=COPY_HINT,
         )
-    new = allocate(ctx, allocator, n)
+    new = allocate(ctx, allocator, slots.numel())
     new_m = None
     if mamba is not None:
         new_m = mamba_request_slots(allocator, pool, 2, {int(s) for s in mamba.tolist()})
@@ -528,12 +573,14 @@ def snapshot_is_copy(ctx: CheckContext) -> None:
     if where is not None:
         raise BehaviourFailure(
             f"writing into the snapshot's tensors after load_cpu_copy at slots {new.tolist()} "
-            f"changed the pool (it kept the snapshot's memory): {where}",
+            f"(offloaded from {order} {slots.tolist()}) changed the pool (it kept the "
+            f"snapshot's memory): {where}",
             reproduction=ctx.reproduction(
                 [
-                    allocate_source(ctx, n),
+                    allocate_source(ctx, n, "allocated"),
+                    f"slots = torch.tensor({slots.tolist()})",
                     f"snapshot = pool.get_cpu_copy(slots{mamba_arg})",
-                    allocate_source(ctx, n, "new"),
+                    allocate_source(ctx, slots.numel(), "new"),
                     "pool.load_cpu_copy(snapshot, new"
                     + (", mamba_indices=torch.tensor([3, 4])" if new_m is not None else "")
                     + ")",

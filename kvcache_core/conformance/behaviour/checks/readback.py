@@ -92,6 +92,84 @@ def _kv(ctx: CheckContext, pool: Any, slots: torch.Tensor, gen: torch.Generator)
                 )
 
 
+def _special(dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """Rows whose values are ``-0.0`` and NaN (alternating), in ``dtype``.
+
+    Why: a cache stores bits, not numbers. A pool that "normalises" what it stores (``x + 0``
+    turns ``-0.0`` into ``+0.0``; a sanitising ``nan_to_num``) changes a model's output
+    where a softmax meets a masked ``-0.0`` or a NaN that should have propagated, and every
+    comparison by value (``==``, ``torch.equal``) calls the two equal or never equal.
+    """
+    values = torch.tensor([-0.0, float("nan")], dtype=torch.float32)
+    count = 1
+    for d in shape:
+        count *= d
+    return values.repeat(count // 2 + 1)[:count].reshape(shape).to(dtype)
+
+
+def _held(first: torch.Tensor, again: torch.Tensor) -> bool:
+    """Whether two calls of one getter returned the same storage (the pool's own buffer), not
+    a fresh copy each time (the dequantised view of a quantised store)."""
+    return bool(first.untyped_storage().data_ptr() == again.untyped_storage().data_ptr())
+
+
+def _special_values(ctx: CheckContext, pool: Any, slots: torch.Tensor) -> None:
+    """``-0.0`` and NaN written through ``set_kv_buffer`` read back bit for bit, wherever the
+    getters return the pool's own buffers (a quantised pool's dequantised copies are exempt)."""
+    rank = latent_width(pool) if Capability.MLA in ctx.capabilities else None
+    for layer in attention_layer_ids(ctx.config):
+        key = pool.get_key_buffer(layer)
+        value = pool.get_value_buffer(layer)
+        if not (key.dtype.is_floating_point and value.dtype.is_floating_point):
+            continue
+        if not (
+            _held(key, pool.get_key_buffer(layer)) and _held(value, pool.get_value_buffer(layer))
+        ):
+            continue  # a dequantised copy: a quantised store keeps values, not these bits
+        k = _special(key.dtype, (slots.numel(), *key.shape[1:]))
+        v = _special(value.dtype, (slots.numel(), *value.shape[1:]))
+        pool.set_kv_buffer(Layer(layer), slots.to(pool.device), k, v)
+        rows = buffer_rows(ctx, pool, layer, slots)
+        want_v = k[..., :rank] if rank is not None else v
+        for what, buffer, want in (
+            ("key", pool.get_key_buffer(layer), k),
+            ("value", pool.get_value_buffer(layer), want_v),
+        ):
+            got = buffer.detach().cpu()[rows]
+            row = first_mismatch(got, want.to(got.dtype))
+            if row is None:
+                continue
+            raise BehaviourFailure(
+                f"layer {layer} get_{what}_buffer does not hold the bits written: slot "
+                f"{int(slots[row])} was written -0.0 and NaN and reads "
+                f"{got[row].reshape(-1)[:2].tolist()} (a pool stores bits, it must not "
+                "normalise -0.0 or NaN)",
+                reproduction=ctx.reproduction(
+                    [
+                        allocate_source(ctx, 2 * int(ctx.config.page_size) + _SLOTS, "allocated"),
+                        f"slots = torch.tensor({slots.tolist()})",
+                        f"layer = {layer}",
+                        "def special(shape, dtype):",
+                        "    n = torch.zeros(shape).numel()",
+                        "    t = torch.tensor([-0.0, float('nan')]).repeat(n // 2 + 1)[:n]",
+                        "    return t.reshape(shape).to(dtype)",
+                        "key, value = pool.get_key_buffer(layer), pool.get_value_buffer(layer)",
+                        "k = special((len(slots), *key.shape[1:]), key.dtype)",
+                        "v = special((len(slots), *value.shape[1:]), value.dtype)",
+                        "pool.set_kv_buffer(Layer(layer), slots, k, v)",
+                        "rows = pool.translate_loc_from_full_to_swa(slots)"
+                        if is_window_layer(ctx, pool, layer)
+                        else "rows = slots",
+                        "got = pool.get_key_buffer(layer)[rows]",
+                        "assert torch.equal(got.view(torch.uint8), k.view(torch.uint8)), "
+                        "'the stored bits differ from the written ones (-0.0 or NaN changed)'",
+                    ]
+                ),
+                hint="store exactly the bits given: no arithmetic on the way in (no `+ 0`, "
+                "no nan_to_num); a cast to the pool's dtype is all",
+            )
+
+
 def _mla(ctx: CheckContext, pool: Any, slots: torch.Tensor, gen: torch.Generator) -> None:
     rank, rope = int(pool.kv_lora_rank), int(pool.qk_rope_head_dim)
     for layer in attention_layer_ids(ctx.config):
@@ -363,6 +441,7 @@ def write_readback(ctx: CheckContext) -> None:
     order = torch.randperm(slots.numel(), generator=gen)[:_SLOTS]
     chosen = slots[order]
     _kv(ctx, pool, chosen, gen)
+    _special_values(ctx, pool, chosen[:2])
     if Capability.MLA in ctx.capabilities:
         _mla(ctx, pool, chosen, gen)
     if Capability.INDEXER in ctx.capabilities:
