@@ -20,10 +20,14 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers.generation.continuous_batching.cache import PagedAttentionCache
+from transformers.generation.continuous_batching.cache_allocators import (
+    FullAttentionCacheAllocator,
+    SlidingAttentionCacheAllocator,
+)
 
 from ..contracts import KVSnapshot, PoolConfig, SlidingWindowPool, SWAAllocator
 from ..errors import AllocatorError, KVCacheError, UnsupportedDtypeError
@@ -71,7 +75,7 @@ class _Captured:
     tokens: int
 
 
-class KVPoolPagedCache(PagedAttentionCache):  # type: ignore[misc]
+class KVPoolPagedCache(PagedAttentionCache):
     """A ``PagedAttentionCache`` whose keys and values live in a kvcache pool.
 
     Built by transformers' batch processor with its usual arguments plus ``choice`` (the pool
@@ -85,7 +89,7 @@ class KVPoolPagedCache(PagedAttentionCache):  # type: ignore[misc]
         super().__init__(**kwargs)
         if FULL_ATTENTION not in self.cache_allocators:
             raise KVCacheError("a model without full-attention layers is not supported yet")
-        full = self.cache_allocators[FULL_ATTENTION]
+        full = cast(FullAttentionCacheAllocator, self.cache_allocators[FULL_ATTENTION])
         self.page = int(full.tokens_per_page)
         pages = int(self.num_sectors) * int(full.blocks_per_sector)
         config = self.config
@@ -121,7 +125,8 @@ class KVPoolPagedCache(PagedAttentionCache):  # type: ignore[misc]
                 )
             self._window_layers = frozenset(groups[SLIDING_ATTENTION])
         if SLIDING_ATTENTION in self.cache_allocators:
-            self._window = int(self.cache_allocators[SLIDING_ATTENTION].sliding_window)
+            sliding = cast(SlidingAttentionCacheAllocator, self.cache_allocators[SLIDING_ATTENTION])
+            self._window = int(sliding.sliding_window)
         self._layers = {i: _Layer(i) for i in range(int(config.num_hidden_layers))}
         self._requests: dict[str, _Request] = {}
         self._capture: dict[str, _Captured] | None = None
@@ -134,7 +139,7 @@ class KVPoolPagedCache(PagedAttentionCache):  # type: ignore[misc]
     # -- slots ---------------------------------------------------------------------------------
     def _slots(self, req: _Request, start: int, end: int) -> list[int]:
         """Pool slots of tokens ``[start, end)`` of ``req``."""
-        page, out = self.page, []
+        page, out = self.page, list[int]()
         if page == 1:
             return req.pages[start:end]
         for p in range(start // page, (end - 1) // page + 1):
@@ -200,7 +205,7 @@ class KVPoolPagedCache(PagedAttentionCache):  # type: ignore[misc]
                 indices.extend(new)
             if read_index is None:
                 return
-            for allocator, indices in zip(self.cache_allocators.values(), read_index):
+            for allocator, indices in zip(self.cache_allocators.values(), read_index, strict=True):
                 start = 0
                 if allocator.layer_type == SLIDING_ATTENTION:
                     start = past_length - min(past_length, self._window - 1)

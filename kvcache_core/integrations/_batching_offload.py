@@ -16,7 +16,7 @@ from transformers.generation.continuous_batching.offloading_manager import Offlo
 from ._batching_cache import KVPoolPagedCache, _Captured
 
 
-class KVPoolOffloading(OffloadingManager):  # type: ignore[misc]
+class KVPoolOffloading(OffloadingManager):
     """Offload and restore through the kvcache allocator; no pinned host buffer.
 
     Every victim that holds tokens is offloaded (host memory is the only bound); a victim that

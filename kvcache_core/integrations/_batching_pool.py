@@ -38,9 +38,9 @@ class PoolChoice:
         )
 
 
-def layer_groups(layer_types: Sequence[str] | None, num_layers: int, sliding_window: object) -> dict[
-    str, tuple[int, ...]
-]:
+def layer_groups(
+    layer_types: Sequence[str] | None, num_layers: int, sliding_window: object
+) -> dict[str, tuple[int, ...]]:
     """Layer ids by attention type, as transformers' paged cache groups them.
 
     A config without ``layer_types`` is all sliding when it names a window and all full

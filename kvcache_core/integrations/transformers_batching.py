@@ -4,7 +4,8 @@
 transformers' own continuous-batching scheduler (``ContinuousBatchingManager``) with every key
 and value kept in the pages of a discovered kvcache pool, and with the pool's allocator
 (``get_cpu_copy`` / ``load_cpu_copy``) as the path requests take to the host and back when the
-blocks run out. [`KVPoolBatchingManager`][kvcache_core.integrations.transformers_batching.KVPoolBatchingManager]
+blocks run out.
+[`KVPoolBatchingManager`][kvcache_core.integrations.transformers_batching.KVPoolBatchingManager]
 is the same manager for callers that stream requests in themselves.
 
 Importing this module imports transformers (the ``kvcache[hf]`` extra); nothing else in
@@ -28,11 +29,12 @@ from transformers.generation.continuous_batching.continuous_api import (
     ContinuousBatchingManager,
 )
 
+from ..contracts import PoolConfig
 from ..discovery import Registry
-from ..errors import KVCacheError
+from ..errors import KVCacheError, UnsupportedDtypeError
 from ._batching_cache import BatchingStats, KVPoolPagedCache
 from ._batching_offload import KVPoolOffloading
-from ._batching_pool import PoolChoice, choose_pool, layer_groups
+from ._batching_pool import SLIDING_ATTENTION, PoolChoice, choose_pool, layer_groups
 
 __all__ = [
     "BatchOutputs",
@@ -43,6 +45,8 @@ __all__ = [
 ]
 
 _SWAP_LOCK = threading.Lock()
+#: The module-level name transformers' batch processor factory builds its cache by.
+_CACHE_NAME = "PagedAttentionCache"
 
 
 @contextmanager
@@ -56,7 +60,7 @@ def kvpool_paged_cache(choice: PoolChoice, stats: BatchingStats) -> Iterator[Non
     block; any other thread (another manager starting at the same moment) gets transformers'
     own class, so the swap is invisible outside its caller.
     """
-    original = continuous_api.PagedAttentionCache
+    original = getattr(continuous_api, _CACHE_NAME)
     owner = threading.get_ident()
     pool_cache = partial(KVPoolPagedCache, choice=choice, stats=stats)
 
@@ -66,11 +70,11 @@ def kvpool_paged_cache(choice: PoolChoice, stats: BatchingStats) -> Iterator[Non
         return original(*args, **kwargs)
 
     with _SWAP_LOCK:
-        continuous_api.PagedAttentionCache = factory
+        setattr(continuous_api, _CACHE_NAME, factory)
         try:
             yield
         finally:
-            continuous_api.PagedAttentionCache = original
+            setattr(continuous_api, _CACHE_NAME, original)
 
 
 def _batching_config(
@@ -95,13 +99,40 @@ def _batching_config(
     return cfg
 
 
+def _probe_pool(
+    choice: PoolChoice, text: Any, *, block_size: int, dtype: torch.dtype, device: Any
+) -> None:
+    """Build a one-page pool of the chosen kind, so a factory that fails or stores another
+    dtype is refused here, in the caller's thread, rather than in transformers' generation
+    thread once requests are queued."""
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    sliding = choice.groups.get(SLIDING_ATTENTION, ()) if choice.windowed else ()
+    probe = PoolConfig(
+        size=block_size,
+        layer_num=int(text.num_hidden_layers),
+        head_num=int(heads),
+        head_dim=int(head_dim),
+        page_size=block_size,
+        dtype=dtype,
+        device=torch.device(device),
+        swa_layer_ids=tuple(sliding),
+    )
+    pool, _ = choice.registry.create(choice.name, probe)
+    if pool.dtype != dtype:
+        raise UnsupportedDtypeError(
+            f"pool {choice.name!r} stores {pool.dtype}, the model computes in {dtype}: "
+            "continuous batching needs the model's dtype, bit for bit"
+        )
+
+
 def _positive_int(name: str, value: object) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
     return value
 
 
-class KVPoolBatchingManager(ContinuousBatchingManager):  # type: ignore[misc]
+class KVPoolBatchingManager(ContinuousBatchingManager):
     """transformers' ``ContinuousBatchingManager`` with a kvcache pool as the KV storage.
 
     Use it like transformers' manager (``start``, ``add_request(s)``, ``get_result``, ``stop``);
@@ -169,6 +200,7 @@ class KVPoolBatchingManager(ContinuousBatchingManager):  # type: ignore[misc]
             getattr(text, "sliding_window", None),
         )
         choice = choose_pool(groups, pool, registry, block_size=block_size)
+        _probe_pool(choice, text, block_size=block_size, dtype=model.dtype, device=model.device)
         #: The pool this manager stores keys and values in.
         self.pool_choice = choice
         #: Offloads, restores and bytes moved, updated while requests run.
@@ -208,18 +240,18 @@ class BatchOutputs(dict[str, Any]):
         self.stats = stats
 
 
-def _check_inputs(inputs: Sequence[Sequence[int]]) -> list[list[int]]:
-    if isinstance(inputs, torch.Tensor) or not isinstance(inputs, Sequence):
+def _check_inputs(inputs: object) -> list[list[int]]:
+    if isinstance(inputs, (torch.Tensor, str)) or not isinstance(inputs, Sequence):
         raise TypeError(f"inputs must be a list of token-id lists, got {type(inputs).__name__}")
-    prompts = []
-    for i, prompt in enumerate(inputs):
-        if isinstance(prompt, torch.Tensor):
-            prompt = prompt.tolist()
-        if not isinstance(prompt, Sequence) or isinstance(prompt, str) or not prompt:
+    prompts: list[list[int]] = []
+    for i, item in enumerate(inputs):
+        prompt: object = item.tolist() if isinstance(item, torch.Tensor) else item
+        if isinstance(prompt, str) or not isinstance(prompt, Sequence) or not prompt:
             raise ValueError(f"inputs[{i}] must be a non-empty list of token ids, got {prompt!r}")
-        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
+        ids = list(prompt)
+        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
             raise ValueError(f"inputs[{i}] holds something other than non-negative int ids")
-        prompts.append(list(prompt))
+        prompts.append(ids)
     return prompts
 
 

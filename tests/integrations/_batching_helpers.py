@@ -14,7 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    GenerationConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 from kvcache_core.integrations import _batching_cache
 
@@ -103,9 +109,7 @@ def _poison_rows(cache: Any, slots: torch.Tensor) -> None:
 
 
 @contextmanager
-def poisoned_kvpool(
-    monkeypatch: Any, *, load: Callable[..., None] | None = None
-) -> Iterator[Spy]:
+def poisoned_kvpool(monkeypatch: Any, *, load: Callable[..., None] | None = None) -> Iterator[Spy]:
     """Build every pool-backed cache poisoned, and count what reaches its allocator.
 
     ``load`` replaces the allocator's ``load_cpu_copy`` (a negative control passes a no-op).

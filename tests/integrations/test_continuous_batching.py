@@ -235,7 +235,12 @@ def test_pool_without_offload_is_refused(llama_model):
     registry = _registry_with(capabilities=frozenset({Capability.PAGED}))
     with pytest.raises(KVCacheError, match="'custom' lacks the capability offload"):
         generate_batch(
-            llama_model, [[1]], greedy(2), num_blocks=4, block_size=4, pool="custom",
+            llama_model,
+            [[1]],
+            greedy(2),
+            num_blocks=4,
+            block_size=4,
+            pool="custom",
             registry=registry,
         )
 
@@ -247,7 +252,12 @@ def test_pool_storing_another_dtype_is_refused(llama_model):
     registry = _registry_with(factory=half)
     with pytest.raises(UnsupportedDtypeError, match=r"stores torch.float16.*torch.float32"):
         generate_batch(
-            llama_model, [[1]], greedy(2), num_blocks=4, block_size=4, pool="custom",
+            llama_model,
+            [[1]],
+            greedy(2),
+            num_blocks=4,
+            block_size=4,
+            pool="custom",
             registry=registry,
         )
 
