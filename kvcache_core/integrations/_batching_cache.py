@@ -104,6 +104,9 @@ class KVPoolPagedCache(PagedAttentionCache):
             device=torch.device(self.device),
             swa_layer_ids=groups.get(SLIDING_ATTENTION, ()) if choice.windowed else (),
             swa_size=pages * self.page,
+            # Every slot written comes from this pool's allocator, through this class: the
+            # per-write range check (a read-back on CPU) would only re-prove that.
+            validate_write_slots=False,
         )
         self.kv_pool, self.kv_allocator = choice.registry.create(choice.name, pool_config)
         if self.kv_pool.dtype != self.dtype:

@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import re
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -282,3 +286,28 @@ def test_default_pool_follows_layer_types_and_capabilities():
         {"full_attention": (0,), "sliding_attention": (1,)}, "mha", registry, block_size=4
     )
     assert not named.windowed
+
+
+# -- the docs page's promises -------------------------------------------------------------------
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "integrations" / "continuous-batching.md"
+
+
+def test_docs_example_runs_and_offloads(capsys):
+    text = DOCS.read_text(encoding="utf-8")
+    example = re.search(r"```python\n(.*?)```", text, re.S)
+    assert example is not None
+    exec(compile(example.group(1), str(DOCS), "exec"), {"__name__": "docs_example"})
+    printed = capsys.readouterr().out
+    match = re.search(r"pool='mha', pages=\d+, offloads=(\d+), restores=(\d+)", printed)
+    assert match is not None, printed
+    assert int(match.group(1)) > 0 and match.group(1) == match.group(2)
+
+
+def test_kvcache_core_does_not_import_transformers():
+    code = (
+        "import sys, kvcache_core, kvcache_core.integrations; "
+        "assert 'transformers' not in sys.modules, 'transformers imported'"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
