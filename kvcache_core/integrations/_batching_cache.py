@@ -130,6 +130,7 @@ class KVPoolPagedCache(PagedAttentionCache):
         if SLIDING_ATTENTION in self.cache_allocators:
             sliding = cast(SlidingAttentionCacheAllocator, self.cache_allocators[SLIDING_ATTENTION])
             self._window = int(sliding.sliding_window)
+        self._has_full = FULL_ATTENTION in self.cache_allocators
         self._layers = {i: _Layer(i) for i in range(int(config.num_hidden_layers))}
         self._requests: dict[str, _Request] = {}
         self._capture: dict[str, _Captured] | None = None
@@ -203,16 +204,25 @@ class KVPoolPagedCache(PagedAttentionCache):
             self._release_window(req, past_length)
             self._grow(req, end)
             req.length = end
-            new = self._slots(req, past_length, end)
-            for indices in write_index:
-                indices.extend(new)
             if read_index is None:
+                new = self._slots(req, past_length, end)
+                for indices in write_index:
+                    indices.extend(new)
                 return
-            for allocator, indices in zip(self.cache_allocators.values(), read_index, strict=True):
-                start = 0
+            # One slot list serves every group: full layers read all of it, sliding layers its
+            # tail, and the writes are its last ``query_length`` slots.
+            window_start = past_length - min(past_length, self._window - 1)
+            first = 0 if self._has_full else window_start
+            slots = self._slots(req, first, end)
+            new = slots[len(slots) - query_length :]
+            for allocator, reads, writes in zip(
+                self.cache_allocators.values(), read_index, write_index, strict=True
+            ):
+                writes.extend(new)
                 if allocator.layer_type == SLIDING_ATTENTION:
-                    start = past_length - min(past_length, self._window - 1)
-                indices.extend(self._slots(req, start, end))
+                    reads.extend(slots[window_start - first :])
+                else:
+                    reads.extend(slots)
 
     # -- the attention layers' read and write -------------------------------------------------
     def update(

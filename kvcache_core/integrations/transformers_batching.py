@@ -291,6 +291,10 @@ def generate_batch(
     prompts = _check_inputs(inputs)
     if max_new_tokens is not None:
         _positive_int("max_new_tokens", max_new_tokens)
+    if not prompts:  # as transformers' own: nothing to run, no manager built
+        _positive_int("num_blocks", num_blocks)
+        _positive_int("block_size", block_size)
+        return BatchOutputs({}, BatchingStats())
     manager = KVPoolBatchingManager(
         model,
         generation_config,
@@ -301,8 +305,6 @@ def generate_batch(
         continuous_batching_config=continuous_batching_config,
         max_batch_tokens=max_batch_tokens,
     )
-    if not prompts:
-        return BatchOutputs({}, manager.stats)
     results: dict[str, Any] = {}
     manager.start()
     try:

@@ -101,6 +101,25 @@ def test_qwen2_sliding_layers_under_block_pressure_match(qwen_model, monkeypatch
     assert cache.kv_allocator.swa_available_size() == cache.kv_allocator.swa_size
 
 
+def test_eager_attention_reads_the_pool_too(monkeypatch):
+    # transformers runs an eager model as "paged|eager": the same cache calls, another kernel.
+    model = qwen2_sliding()
+    model.set_attn_implementation("eager")
+    expected = sequential(model, PROMPTS, 10)
+    with poisoned_kvpool(monkeypatch) as spy:
+        out = generate_batch(model, PROMPTS, greedy(10), num_blocks=8, block_size=4)
+    assert _tokens(out) == expected
+    assert spy.load_cpu_copy == out.stats.restores >= 1
+    assert model.config._attn_implementation == "eager"  # switched back after the run
+
+
+def test_empty_inputs_build_nothing(llama_model):
+    out = generate_batch(llama_model, [], greedy(2), num_blocks=4)
+    assert out == {} and out.stats.pool == ""
+    with pytest.raises(ValueError, match="num_blocks must be a positive int"):
+        generate_batch(llama_model, [], greedy(2), num_blocks=-1)
+
+
 def test_window_slots_leave_with_the_window(qwen_model, monkeypatch):
     # A 9-token prompt and 14 new tokens under a 5-token window: the pages the window slid
     # past give their window slots back while the request still runs.
