@@ -2,8 +2,9 @@
 
 Poisoning makes any read of storage that should not be read show up in the tokens: the byte
 arena transformers' paged cache allocates is filled with 0xFF (NaN in every float dtype), and
-the pool rows of every slot its allocator frees are filled with NaN before they go back, so
-a restore that did not really load its snapshot reads NaN.
+the pool rows of every slot its allocator frees (and the window rows of every token whose
+window slot goes back) are filled with NaN before they go back, so a restore that did not
+really load its snapshot, or a window read past a released page, reads NaN.
 """
 
 from __future__ import annotations
@@ -96,13 +97,15 @@ class Spy:
     caches: list[Any] = field(default_factory=list)
 
 
-def _poison_rows(cache: Any, slots: torch.Tensor) -> None:
+def _poison_rows(cache: Any, slots: torch.Tensor, *, window_only: bool = False) -> None:
     pool = cache.kv_pool
     for layer in range(pool.layer_num):
         rows = slots
         if layer in cache._window_layers:
             rows = pool.translate_loc_from_full_to_swa(slots)
             rows = rows[rows > 0]
+        elif window_only:
+            continue
         k, v = pool.get_kv_buffer(layer)
         k[rows] = float("nan")
         v[rows] = float("nan")
@@ -138,6 +141,15 @@ def poisoned_kvpool(monkeypatch: Any, *, load: Callable[..., None] | None = None
             real_free(indices)
 
         alloc.get_cpu_copy, alloc.load_cpu_copy, alloc.free = get_cpu_copy, load_cpu_copy, free
+        if hasattr(alloc, "free_swa"):
+            real_free_swa = alloc.free_swa
+
+            def free_swa(indices: torch.Tensor) -> None:
+                spy.frees += 1
+                _poison_rows(self, indices, window_only=True)
+                real_free_swa(indices)
+
+            alloc.free_swa = free_swa
 
     monkeypatch.setattr(_batching_cache.KVPoolPagedCache, "__init__", init)
     yield spy
