@@ -70,7 +70,9 @@ class _Request:
 
 
 @dataclass(frozen=True)
-class _Captured:
+class CapturedRequest:
+    """An offloaded request's snapshot and how many of its tokens it holds."""
+
     snapshot: KVSnapshot
     tokens: int
 
@@ -133,7 +135,7 @@ class KVPoolPagedCache(PagedAttentionCache):
         self._has_full = FULL_ATTENTION in self.cache_allocators
         self._layers = {i: _Layer(i) for i in range(int(config.num_hidden_layers))}
         self._requests: dict[str, _Request] = {}
-        self._capture: dict[str, _Captured] | None = None
+        self._capture: dict[str, CapturedRequest] | None = None
         self._lock = threading.Lock()
         # Padding tokens (static-shape batches only) read and write the pool's padding slot 0.
         for allocator in self.cache_allocators.values():
@@ -261,7 +263,7 @@ class KVPoolPagedCache(PagedAttentionCache):
         slots = self._page_slots(req.pages).to(self.kv_pool.device)
         if self._capture is not None and req.length > 0:
             snapshot = self.kv_allocator.get_cpu_copy(slots[: req.length])
-            self._capture[request_id] = _Captured(snapshot, req.length)
+            self._capture[request_id] = CapturedRequest(snapshot, req.length)
             self.stats.offloads += 1
             self.stats.offloaded_tokens += req.length
             self.stats.offloaded_bytes += snapshot.nbytes
@@ -282,18 +284,18 @@ class KVPoolPagedCache(PagedAttentionCache):
                 self._release(request_id)
 
     @contextmanager
-    def capturing(self) -> Iterator[dict[str, _Captured]]:
+    def capturing(self) -> Iterator[dict[str, CapturedRequest]]:
         """While open, ``free_blocks`` snapshots a request's written tokens through the
         allocator's ``get_cpu_copy`` before freeing them: transformers' offload frees a victim's
         blocks first and copies them afterwards, by which time the pages are free."""
-        captured: dict[str, _Captured] = {}
+        captured: dict[str, CapturedRequest] = {}
         self._capture = captured
         try:
             yield captured
         finally:
             self._capture = None
 
-    def restore(self, request_id: str, captured: _Captured, keep: int) -> None:
+    def restore(self, request_id: str, captured: CapturedRequest, keep: int) -> None:
         """Load an offloaded request into newly allocated pages with ``load_cpu_copy``;
         ``keep`` is how many of its tokens transformers resumes from."""
         if keep > captured.tokens:

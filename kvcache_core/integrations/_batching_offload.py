@@ -13,7 +13,7 @@ from typing import Any
 
 from transformers.generation.continuous_batching.offloading_manager import OffloadingManager
 
-from ._batching_cache import KVPoolPagedCache, _Captured
+from ._batching_cache import KVPoolPagedCache, CapturedRequest
 
 
 class KVPoolOffloading(OffloadingManager):
@@ -34,8 +34,8 @@ class KVPoolOffloading(OffloadingManager):
             distributed_helper=distributed_helper,
         )
         self.kv_cache = cache
-        self._snapshots: dict[str, _Captured] = {}
-        self._captured: dict[str, _Captured] = {}
+        self._snapshots: dict[str, CapturedRequest] = {}
+        self._captured: dict[str, CapturedRequest] = {}
 
     def offload_requests(self) -> bool:
         """transformers' victim choice, with the victims' tokens snapshotted as they are freed."""

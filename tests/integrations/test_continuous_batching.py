@@ -330,3 +330,46 @@ def test_kvcache_core_does_not_import_transformers():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("ours", "base_module", "base_name"),
+    [
+        ("KVPoolPagedCache", "cache", "PagedAttentionCache"),
+        ("KVPoolOffloading", "offloading_manager", "OffloadingManager"),
+    ],
+)
+def test_every_override_still_exists_in_transformers(ours, base_module, base_name):
+    # A transformers release that renames or reshapes a method this integration overrides
+    # would leave the override dead (transformers' own storage used again): caught here first.
+    import importlib
+    import inspect
+
+    from kvcache_core.integrations import _batching_offload
+
+    cls = getattr(_batching_cache, ours, None) or getattr(_batching_offload, ours)
+    base = getattr(
+        importlib.import_module(f"transformers.generation.continuous_batching.{base_module}"),
+        base_name,
+    )
+    overridden = [
+        name
+        for name, member in vars(cls).items()
+        if callable(member) and name != "__init__" and hasattr(base, name)
+    ]
+    assert overridden, ours
+    own = {n for n, m in vars(cls).items() if callable(m) and not n.startswith("__")}
+    helpers = {n for n in own if not hasattr(base, n)}
+    assert helpers <= {
+        "_slots",
+        "_page_slots",
+        "_grow",
+        "_release_window",
+        "_release",
+        "capturing",
+        "restore",
+    }, helpers
+    for name in overridden:
+        theirs = list(inspect.signature(getattr(base, name)).parameters)
+        mine = list(inspect.signature(getattr(cls, name)).parameters)
+        assert mine == theirs or mine[-2:] == ["args", "kwargs"], (name, mine, theirs)
