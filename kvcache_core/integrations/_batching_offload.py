@@ -13,7 +13,7 @@ from typing import Any
 
 from transformers.generation.continuous_batching.offloading_manager import OffloadingManager
 
-from ._batching_cache import KVPoolPagedCache, CapturedRequest
+from ._batching_cache import CapturedRequest, KVPoolPagedCache
 
 
 class KVPoolOffloading(OffloadingManager):

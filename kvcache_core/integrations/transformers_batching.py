@@ -155,7 +155,8 @@ class KVPoolBatchingManager(ContinuousBatchingManager):
     :param num_blocks: Blocks of ``block_size`` tokens the cache holds: the pool gets this
         many pages (rounded up to transformers' sector size). Required: transformers would
         otherwise size the cache from free device memory.
-    :param block_size: Tokens per block, which is the pool's page size.
+    :param block_size: Tokens per block, which is the pool's page size (transformers requires
+        at least 4).
     :param pool: A discovered pool name, or None to choose by the model's layer types.
     :param registry: Where to look pools up (default: ``discover()``).
     :param continuous_batching_config: Further transformers settings (copied, then forced as
