@@ -32,13 +32,7 @@ BEHAVIOUR_RULES = frozenset({"behaviour-failed", "behaviour-unexpected-pass"})
 #: Findings that are the checker's mistakes, not sglang's differences, with where they are
 #: fixed. Listed, never failing the run; one that no longer shows is reported, so the entry
 #: is removed once the fix lands.
-KNOWN_FALSE_POSITIVES: Mapping[str, str] = {
-    "behaviour/allocator-forwards-offload": (
-        "the check binds the recorded pool call by the pool's own parameter names, but sglang's "
-        "allocators forward positionally to a pool whose `snapshot` is `kv_cache_cpu` "
-        "(issue 17; fixed on the battery branch)"
-    ),
-}
+KNOWN_FALSE_POSITIVES: Mapping[str, str] = {}
 
 
 def finding_id(check: str, rule: str, method: str | None, parameter: str | None) -> str:

@@ -89,6 +89,17 @@ def test_swa_pool_reload_of_window_rows_without_window_slots_raises() -> None:
         pool.load_cpu_copy(snapshot, new)
 
 
+def test_free_swa_takes_the_contracts_keyword() -> None:
+    pool, allocator = _make("swa")
+    slots = allocator.alloc(2)
+    rows = pool.translate_loc_from_full_to_swa(slots)
+    assert bool((rows > 0).all())
+    window_free = allocator.swa_available_size()
+    allocator.free_swa(indices=slots)  # sglang names it free_index
+    assert allocator.swa_available_size() == window_free + 2
+    assert bool((pool.translate_loc_from_full_to_swa(slots) == 0).all())
+
+
 def test_swa_reload_gives_back_window_slots_of_tokens_outside_the_window() -> None:
     pool, allocator = _make("swa")
     slots = allocator.alloc(2)
