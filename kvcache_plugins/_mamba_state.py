@@ -288,6 +288,11 @@ class MambaSlotAllocator(FreeGroup):
             return
         if self._collect(indices):
             return
+        self._free_now(indices)
+
+    def _free_now(self, indices: torch.Tensor) -> None:
+        """Check and apply one free call, never collecting it: the group's own flush and end
+        come here, so a flush inside an open group (``backup_state``) really frees."""
         ids = indices.reshape(-1).to(_CPU, torch.int64)
         low, high = int(ids.min()), int(ids.max())
         if low == 0:
@@ -317,7 +322,7 @@ class MambaSlotAllocator(FreeGroup):
     def _free_calls(self, calls: list[torch.Tensor]) -> None:
         """End of a free group: each call checked and applied on its own; one error at the end
         for the first bad call, every good one applied."""
-        free_calls_one_by_one(calls, self.free)
+        free_calls_one_by_one(calls, self._free_now)
 
     def backup_state(self) -> object:
         """The free slots, copied (the stack is written in place, so a reference would not

@@ -374,6 +374,23 @@ class MambaSlotMachine(RuleBasedStateMachine):
         group = None if self.group is None else set(self.group)
         self.saved = (self.alloc.backup_state(), [list(r) for r in self.reqs], group)
 
+    @rule(data=st.data())
+    def backup_inside_free_group(self, data: st.DataObject) -> None:
+        """A backup taken inside an open free group saves the frees collected before it:
+        restoring it later must not bring those slots back as allocated."""
+        reqs: list[list[int]] = []
+        if self.reqs:
+            picked = data.draw(st.lists(st.sampled_from(range(len(self.reqs))), unique=True))
+            reqs = [self.reqs[i] for i in picked]
+        self.alloc.free_group_begin()
+        for slots in reqs:
+            self.alloc.free(torch.tensor(slots))
+        self._drop(reqs)
+        group = None if self.group is None else set(self.group)
+        self.saved = (self.alloc.backup_state(), [list(r) for r in self.reqs], group)
+        self.alloc.free_group_end()
+        assert self.alloc.available_size() == self.free_list()
+
     @rule()
     @precondition(lambda self: self.saved is not None)
     def restore(self) -> None:
