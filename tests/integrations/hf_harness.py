@@ -10,38 +10,12 @@ from typing import Any
 import torch
 from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList
 
-from kvcache_core.integrations._hf_layout import LayerKind
+from kvcache_core.integrations._hf_drill import poison_free_slots
 from kvcache_core.integrations.transformers import KVPoolCache
 
 #: Row 0 fills the prompt; row 1 is left-padded (pad id 0) by three tokens.
 PROMPTS = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12, 13, 14], [0, 0, 0, 9, 10, 11, 12, 13, 14, 15]])
 NEW_TOKENS = 10
-GARBAGE = 1.0e3
-
-
-def poison_free_slots(cache: KVPoolCache) -> None:
-    """Overwrite every slot no live row holds (slot 0 included), in every buffer of the pool."""
-    pool, rows = cache.pool, cache.rows
-    live = [r for r in range(rows.batch) if rows.live[r]]
-    held = rows.table[live, : rows.length].reshape(-1)
-    for plan in cache.layout.layers:
-        if plan.kind is LayerKind.MAMBA:
-            conv, temporal = pool.get_mamba_state(plan.index)
-            assert rows.request_slots is not None
-            keep = rows.request_slots[live]
-            for buffer in (*conv, temporal):
-                free = torch.ones(buffer.shape[0], dtype=torch.bool)
-                free[keep] = False
-                buffer[free] = GARBAGE
-            continue
-        slots = held
-        if plan.kind is LayerKind.SLIDING and hasattr(pool, "translate_loc_from_full_to_swa"):
-            slots = pool.translate_loc_from_full_to_swa(held)
-            slots = slots[slots > 0]
-        for buffer in pool.get_kv_buffer(plan.index):
-            free = torch.ones(buffer.shape[0], dtype=torch.bool)
-            free[slots] = False
-            buffer[free] = GARBAGE
 
 
 @dataclass
