@@ -47,8 +47,10 @@ class Owner(Protocol):
         """Make sure every row holds slots for ``layer_length`` + the new tokens."""
         ...
 
-    def rows_of(self, buffer: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
-        """``buffer``'s rows of positions ``lo..hi`` of every batch row, ``[B, hi - lo, ...]``."""
+    def heads_of(
+        self, buffer: torch.Tensor, lo: int, hi: int, slots: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Positions ``lo..hi`` of every batch row, head-major ``[B, heads, hi - lo, dim]``."""
         ...
 
 
@@ -78,8 +80,8 @@ class PoolAttentionLayer(_Unsupported, CacheLayerMixin):
     """A full-attention layer whose keys and values live in the pool (``DynamicLayer``'s role).
 
     ``update`` writes the new tokens at their slots and returns every cached position of every
-    row, ``[batch, heads, positions, dim]``: a view of the pool when the batch is one row on
-    consecutive slots, a gather otherwise.
+    row, ``[batch, heads, positions, dim]``, copied head-major out of the pool (see
+    ``KVPoolCache.heads_of``).
     """
 
     is_compileable = False
@@ -145,11 +147,7 @@ class PoolAttentionLayer(_Unsupported, CacheLayerMixin):
     def _read(self, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         key, value = self.buffers()
         end = start + count
-        owner = self.owner
-        return (
-            owner.rows_of(key, 0, end).transpose(1, 2),
-            owner.rows_of(value, 0, end).transpose(1, 2),
-        )
+        return self.owner.heads_of(key, 0, end), self.owner.heads_of(value, 0, end)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.length + query_length, 0
@@ -185,17 +183,11 @@ class PoolSlidingLayer(PoolAttentionLayer):
         end = start + count
         key, value = self.buffers()
         owner = self.owner
-        if not self.windowed_pool:
-            return (
-                owner.rows_of(key, lo, end).transpose(1, 2),
-                owner.rows_of(value, lo, end).transpose(1, 2),
-            )
-        rows = owner.rows
-        window = owner.pool.translate_loc_from_full_to_swa(rows.table[:, lo:end].reshape(-1))
-        shape = (rows.batch, end - lo)
-        k = key.index_select(0, window).view(*shape, *key.shape[1:])
-        v = value.index_select(0, window).view(*shape, *value.shape[1:])
-        return k.transpose(1, 2), v.transpose(1, 2)
+        window = None
+        if self.windowed_pool:
+            full = owner.rows.table[:, lo:end].reshape(-1)
+            window = owner.pool.translate_loc_from_full_to_swa(full)
+        return owner.heads_of(key, lo, end, window), owner.heads_of(value, lo, end, window)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         cumulative = self.length
@@ -222,7 +214,7 @@ class PoolLatentLayer(PoolAttentionLayer):
         self.owner.pool.set_mla_kv_buffer(self.ref, self._loc(start, count), nope, rope)
 
     def _read(self, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        latent = self.owner.rows_of(self.buffers()[0], 0, start + count).transpose(1, 2)
+        latent = self.owner.heads_of(self.buffers()[0], 0, start + count)
         rank = self.plan.head_dim
         return latent[..., :rank], latent[..., rank:]
 
