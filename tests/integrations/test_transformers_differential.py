@@ -107,3 +107,28 @@ def test_window_slots_are_released(tiny: Any) -> None:
     held = cache.allocator.size - cache.allocator.full_available_size()
     assert held == 2 * cache.rows.length
     assert cache.allocator.swa_available_size() >= cache.allocator.size - 2 * window
+
+
+def test_a_sliding_only_model_runs_on_an_mha_kind_pool() -> None:
+    """Every layer sliding: the MHA-kind pool keeps every token; the window is read from it."""
+    import transformers
+
+    config = transformers.Qwen2Config(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        pad_token_id=0,
+        use_sliding_window=True,
+        sliding_window=5,
+        max_window_layers=0,
+        layer_types=["sliding_attention"] * 2,
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    want = reference(model, 2)
+    got, cache, _ = retracting_run(model, 2, page_size=4)
+    assert cache.pool_name == "mha" and cache.retractions == 3
+    assert identical(got, want)
