@@ -317,6 +317,12 @@ class StagedStateLayer(_Unsupported, LinearAttentionCacheLayerMixin):
         if staged_state is not None:
             temporal[slot] = staged_state[row : row + 1].to(temporal.dtype)
 
+    def forget_row(self, row: int) -> None:
+        """Zero ``row``'s staged state: once offloaded, the pool's snapshot is its only copy."""
+        for staged in (self.conv_states[0], self.recurrent_states[0]):
+            if staged is not None:
+                staged[row].zero_()
+
     def load_row(self, row: int, slot: torch.Tensor) -> None:
         """Copy request slot ``slot``'s state from the pool into ``row``'s staged state."""
         conv, temporal = self._pool_state()

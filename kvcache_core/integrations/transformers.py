@@ -292,7 +292,8 @@ class KVPoolCache(Cache):
 
         The row's Mamba state (if any) is copied from staging into its request slot first, then
         the allocator's ``get_cpu_copy(slots, mamba_indices=request_slot)`` takes the snapshot,
-        and the token slots (and request slot) are freed. The next forward pass refuses to run
+        the row's staged state is zeroed (the snapshot is now its only copy), and the token
+        slots (and request slot) are freed. The next forward pass refuses to run
         until the row is resumed.
 
         :raises RowStateError: ``row`` is out of range or already retracted.
@@ -307,6 +308,8 @@ class KVPoolCache(Cache):
             for layer in self._state_layers():
                 layer.store_row(row, request)
         snapshot = self.allocator.get_cpu_copy(slots, mamba_indices=request)
+        for layer in self._state_layers():
+            layer.forget_row(row)
         if slots.numel():
             self.allocator.free(slots)
         if request is not None and rows.requests is not None:
