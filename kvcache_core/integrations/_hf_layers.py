@@ -125,8 +125,20 @@ class PoolAttentionLayer(_Unsupported, CacheLayerMixin):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the new tokens in the pool; return what ``DynamicLayer`` would return."""
         plan = self.plan
-        self._check(key_states, plan.heads, plan.head_dim, "keys")
-        self._check(value_states, plan.heads, plan.v_head_dim, "values")
+        k_shape, v_shape = key_states.shape, value_states.shape
+        dtype = self.owner.pool.dtype
+        if not (  # the common case in one test; the checks below name what is wrong
+            len(k_shape) == 4
+            and len(v_shape) == 4
+            and k_shape[1] == plan.heads
+            and k_shape[3] == plan.head_dim
+            and v_shape[1] == plan.heads
+            and v_shape[3] == plan.v_head_dim
+            and key_states.dtype == dtype
+            and value_states.dtype == dtype
+        ):
+            self._check(key_states, plan.heads, plan.head_dim, "keys")
+            self._check(value_states, plan.heads, plan.v_head_dim, "values")
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         start = self.length

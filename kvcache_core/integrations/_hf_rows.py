@@ -52,6 +52,11 @@ class RowSlots:
 
     # -- binding and growth ---------------------------------------------------------------
     @property
+    def all_live(self) -> bool:
+        """Whether no row is retracted."""
+        return all(self.live)
+
+    @property
     def bound(self) -> bool:
         """Whether a batch has been seen (the first forward pass binds its rows)."""
         return self.batch > 0

@@ -218,6 +218,8 @@ class KVPoolCache(Cache):
         """
         rows = self.rows
         batch, count = key_states.shape[0], key_states.shape[2]
+        if layer_length + count <= rows.length and batch == rows.batch and rows.all_live:
+            return  # a later layer of this forward pass: its slots are allocated
         if not rows.bound:
             rows.bind(batch)
         if batch != rows.batch:
