@@ -54,6 +54,13 @@ class Owner(Protocol):
         ...
 
 
+def _token_rows(states: torch.Tensor) -> torch.Tensor:
+    """``[batch, heads, tokens, dim]`` -> one ``[heads, dim]`` row per (batch row, token)."""
+    if states.shape[2] == 1:
+        return states.squeeze(2)  # a decode step: already row-major, no copy
+    return states.transpose(1, 2).reshape(-1, states.shape[1], states.shape[3])
+
+
 class _Unsupported:
     """Cache operations transformers uses for search strategies the pool layers do not do."""
 
@@ -149,12 +156,15 @@ class PoolAttentionLayer(_Unsupported, CacheLayerMixin):
         return self._read(start, count)
 
     def _loc(self, start: int, count: int) -> torch.Tensor:
-        return self.owner.rows.table[:, start : start + count].reshape(-1)
+        rows = self.owner.rows
+        if start + count == rows.length and count == rows.last_count:
+            return rows.last_loc  # this forward pass's slots, flattened once for every layer
+        return rows.table[:, start : start + count].reshape(-1)
 
     def _write(self, keys: torch.Tensor, values: torch.Tensor, start: int, count: int) -> None:
-        k = keys.transpose(1, 2).reshape(-1, keys.shape[1], keys.shape[3])
-        v = values.transpose(1, 2).reshape(-1, values.shape[1], values.shape[3])
-        self.owner.pool.set_kv_buffer(self.ref, self._loc(start, count), k, v)
+        self.owner.pool.set_kv_buffer(
+            self.ref, self._loc(start, count), _token_rows(keys), _token_rows(values)
+        )
 
     def _read(self, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         key, value = self.buffers()
@@ -221,9 +231,8 @@ class PoolLatentLayer(PoolAttentionLayer):
     """
 
     def _write(self, keys: torch.Tensor, values: torch.Tensor, start: int, count: int) -> None:
-        nope = keys.transpose(1, 2).reshape(-1, 1, keys.shape[3])
-        rope = values.transpose(1, 2).reshape(-1, 1, values.shape[3])
-        self.owner.pool.set_mla_kv_buffer(self.ref, self._loc(start, count), nope, rope)
+        loc = self._loc(start, count)
+        self.owner.pool.set_mla_kv_buffer(self.ref, loc, _token_rows(keys), _token_rows(values))
 
     def _read(self, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         latent = self.owner.heads_of(self.buffers()[0], 0, start + count)

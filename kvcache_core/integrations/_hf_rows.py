@@ -49,6 +49,9 @@ class RowSlots:
         self.live: list[bool] = []
         #: First slot of the single row's run of consecutive slots; None when reads gather.
         self.run_start: int | None = None
+        #: The slots of the latest ``extend`` (row-major, flattened) and how many per row.
+        self.last_loc = torch.zeros(0, dtype=torch.int64, device=self.device)
+        self.last_count = 0
 
     # -- binding and growth ---------------------------------------------------------------
     @property
@@ -126,6 +129,8 @@ class RowSlots:
         self._grow(start + count)
         self.table[:, start : start + count] = slots
         self.length = start + count
+        self.last_loc = slots.reshape(-1)
+        self.last_count = count
         self.run_start = self._run_after(slots, start)
 
     def _run_after(self, slots: torch.Tensor, start: int) -> int | None:
@@ -166,6 +171,7 @@ class RowSlots:
     def place_row(self, row: int, slots: torch.Tensor) -> None:
         """Record ``slots`` as ``row``'s positions and mark it live."""
         self.table[row, : self.length] = slots
+        self.last_count = 0  # the table changed: layers slice it again
         self.live[row] = True
         self.run_start = self._run_after(self.table[:, : self.length], 0) if self.length else None
 
@@ -181,4 +187,5 @@ class RowSlots:
         self.live = []
         self.request_slots = None
         self.run_start = None
+        self.last_count = 0
         self.table = torch.zeros((0, 0), dtype=torch.int64, device=self.device)

@@ -110,6 +110,11 @@ class KVPoolCache(Cache):
     :param page_size: Slots per page (``> 1`` allocates through ``alloc_extend``/``alloc_decode``).
     """
 
+    #: From how many positions a one-row batch on consecutive slots is copied head-major
+    #: rather than read in place (see ``heads_of``): below it the copy costs more than SDPA's
+    #: strided read saves.
+    copy_from = 256
+
     def __init__(
         self,
         layout: ModelLayout,
@@ -259,15 +264,19 @@ class KVPoolCache(Cache):
         2-3x slower in SDPA at a 2,048-token context). A one-row batch on consecutive slots
         copies a slice; otherwise the rows' slots are gathered. ``slots`` overrides the slots
         (a window side's own slots). A single-head buffer on consecutive slots (an MLA
-        latent) is returned as a view, with no copy at all.
+        latent), or fewer than ``copy_from`` positions on consecutive slots, is returned as a
+        view, with no copy at all.
         """
         rows = self.rows
         by_head = buffer.transpose(0, 1)
         start = rows.run_start
         if slots is None and start is not None:
             run = by_head[:, start + lo : start + hi].unsqueeze(0)
-            # One head (an MLA latent, MQA): the slice already is head-major, read in place.
-            return run if run.shape[1] == 1 else run.contiguous()
+            # One head (an MLA latent, MQA): the slice already is head-major, read in place;
+            # short contexts are too (a copy there costs more than the strided read).
+            if run.shape[1] == 1 or hi - lo < self.copy_from:
+                return run
+            return run.contiguous()
         index = rows.table[:, lo:hi].reshape(-1) if slots is None else slots
         got = by_head.index_select(1, index)
         return got.view(got.shape[0], rows.batch, hi - lo, *got.shape[2:]).transpose(0, 1)

@@ -132,3 +132,16 @@ def test_a_sliding_only_model_runs_on_an_mha_kind_pool() -> None:
     got, cache, _ = retracting_run(model, 2, page_size=4)
     assert cache.pool_name == "mha" and cache.retractions == 3
     assert identical(got, want)
+
+
+@pytest.mark.parametrize("copy_from", [0, 10**9])
+def test_in_place_and_copied_reads_are_both_identical(tiny: Any, copy_from: int) -> None:
+    """A one-row batch on consecutive slots is read in place below ``copy_from`` positions and
+    copied head-major from there on: both give ``DynamicCache``'s logits."""
+    model = tiny("llama")
+    want = reference(model, 1)
+    cache = KVPoolCache.for_model(model, size=96)
+    cache.copy_from = copy_from
+    got = generate(model, cache, 1)
+    assert cache.rows.run_start is not None  # the read path under test was taken
+    assert identical(got, want)
