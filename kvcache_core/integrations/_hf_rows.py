@@ -6,9 +6,9 @@ allocation per forward pass covers all rows (``alloc`` for ``page_size == 1``;
 ``alloc_extend``/``alloc_decode`` otherwise, so each row's tokens stay page-contiguous), and a
 retracted row simply has no slots until it is resumed.
 
-Reading without copying: while a batch of one row holds one run of consecutive slots (what a
-fresh allocator hands out), attention reads a *view* of the pool's buffer, so a decode step
-does not copy the cache at all. Otherwise reads gather the row's slots, one copy per step.
+``run_start`` records whether a batch of one row holds one run of consecutive slots (what a
+fresh allocator hands out): reads can then slice the pool's buffer instead of gathering the
+row's slots.
 """
 
 from __future__ import annotations

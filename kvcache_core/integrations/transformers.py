@@ -98,10 +98,11 @@ class KVPoolCache(Cache):
     Build it with [`for_model`][kvcache_core.integrations.transformers.KVPoolCache.for_model];
     use it for one ``generate`` call (or call ``release()`` to reuse it). Every attention layer
     writes its new tokens into the pool at slots the allocator handed out and reads the cached
-    ones back from the pool: a view of the pool's buffer while a one-row batch sits on
-    consecutive slots, a gather otherwise. Mamba state is staged in ``[batch, ...]`` tensors
-    that transformers updates in place and copied to the row's request slot in the pool before
-    any offload (see docs/integrations/transformers.md).
+    ones back from the pool (see ``heads_of``: views of the pool's buffer for short one-row
+    contexts on consecutive slots and for single-head latents, one head-major copy otherwise).
+    Mamba state is staged in ``[batch, ...]`` tensors that transformers updates in place and
+    copied to the row's request slot in the pool before any offload (see
+    docs/integrations/transformers.md).
 
     :param layout: What each model layer caches (from the probe in ``for_model``).
     :param pool: The pool the factory built.
