@@ -61,6 +61,19 @@ def register(sub: Any) -> None:
     )
     parser.add_argument("--seed", type=int, default=DEFAULTS["seed"], metavar="S")
     parser.add_argument("--format", choices=("text", "json"), default="text")
+    parser.add_argument(
+        "--engine",
+        choices=("reference", "transformers"),
+        default="reference",
+        help="reference: kvcache's own engine on every pool; transformers: Hugging Face "
+        "generate on one pool against its own cache (needs kvcache[hf])",
+    )
+    parser.add_argument(
+        "--model",
+        default="llama",
+        metavar="llama|qwen2-swa|deepseek-v3|bamba|PATH",
+        help="--engine transformers: a tiny seeded model, or a local checkpoint directory",
+    )
     parser.set_defaults(run=run)
 
 
@@ -125,6 +138,10 @@ class _Progress:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "engine", "reference") == "transformers":
+        from ._demo_transformers import run as run_transformers
+
+        return run_transformers(args)
     try:
         settings = _settings(args)
     except ValueError as exc:

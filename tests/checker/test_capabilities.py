@@ -122,5 +122,5 @@ def test_the_battery_runs_it_and_its_reproduction_runs_although_rejected(run_cli
     assert "free_swa" in finding.message
     assert "installed_spec('renamed-window')" in finding.reproduction
     # A crash inside the pool is re-run under try and ends in an assert naming what it raised.
-    with pytest.raises(AssertionError, match="AttributeError.*free_swa"):
+    with pytest.raises(AssertionError, match=r"AttributeError.*free_swa"):
         exec(compile(finding.reproduction, "<reproduction>", "exec"), {})

@@ -1,0 +1,105 @@
+"""What generating on a kvcache pool costs transformers, against its own ``DynamicCache``.
+
+Run: ``.venv/bin/python benchmarks/bench_transformers.py [--repeat N]``. A seeded Llama-style
+model (hidden 256, 4 layers, 4 query heads and 2 KV heads of 64, batch 1) decodes 64 tokens
+one forward pass at a time, after an untimed prefill, once on ``DynamicCache`` and once on a
+``KVPoolCache`` over the ``mha`` pool, interleaved; each figure is the per layer-step time
+(decode time / (64 x 4 layers)) against ``DynamicCache``'s in the same run:
+
+1. after a 16-token prompt: target <= 1.10x (the pool's bookkeeping per step is small);
+2. after a 2,048-token prompt: target <= 1.00x. ``DynamicCache`` concatenates every layer's
+   whole cache at every step; the pool writes one row and attention reads a view of the
+   pool's buffer (a one-row batch on consecutive slots), so the pool must not be slower.
+
+Both models run with one torch thread: on a shared machine two threads mostly measure their
+wait for the other processes. Timings are process CPU time (one thread: the work itself, not
+the other processes' share of the cores), the best of ``--repeat`` interleaved runs (default 9).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+from _report import figure  # noqa: E402
+from transformers import DynamicCache  # noqa: E402
+
+from kvcache_core.integrations._hf_tiny_models import tiny_model  # noqa: E402
+from kvcache_core.integrations.transformers import KVPoolCache  # noqa: E402
+
+LAYERS = 4
+NEW_TOKENS = 64
+
+
+def _decode(model: Any, make_cache: Callable[[], Any], prompt: int) -> Callable[[], float]:
+    """A run: prefill ``prompt`` tokens (untimed), then time ``NEW_TOKENS`` decode steps."""
+    ids = (torch.arange(prompt) % 100 + 3).reshape(1, -1)
+
+    def run() -> float:
+        cache = make_cache()
+        with torch.no_grad():
+            logits = model(input_ids=ids, cache=cache, use_cache=True).logits
+            token = logits[:, -1:].argmax(-1)
+            start = time.process_time()
+            for _ in range(NEW_TOKENS):
+                logits = model(input_ids=token, cache=cache, use_cache=True).logits
+                token = logits[:, -1:].argmax(-1)
+            elapsed = time.process_time() - start
+        if isinstance(cache, KVPoolCache):
+            cache.release()
+        return elapsed
+
+    return run
+
+
+def section(model: Any, pool_cache: KVPoolCache, prompt: int, repeat: int, target: float) -> bool:
+    runs = {
+        "dynamic": _decode(model, lambda: DynamicCache(config=model.config), prompt),
+        "pool": _decode(model, lambda: pool_cache, prompt),
+    }
+    best = {name: float("inf") for name in runs}
+    for _ in range(repeat):
+        for name, run in runs.items():
+            best[name] = min(best[name], run())
+    steps = NEW_TOKENS * LAYERS
+    ours, base = best["pool"] / steps * 1e6, best["dynamic"] / steps * 1e6
+    figure(
+        f"layer-step, {prompt}-token context",
+        f"{ours:.1f} us",
+        f"DynamicCache {base:.1f} us",
+        ours / base,
+        target,
+        higher_is_better=False,
+        note=f"best of {repeat}, {NEW_TOKENS} decode steps",
+    )
+    return ours / base <= target
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=9)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    model = tiny_model("llama", hidden=256, layers=LAYERS)
+    cache = KVPoolCache.for_model(model, "mha", size=2048 + NEW_TOKENS + 16)
+    print(
+        f"transformers on a kvcache pool vs DynamicCache (hidden 256, {LAYERS} layers, batch 1, "
+        f"{NEW_TOKENS} new tokens, pool {cache.pool_name!r})"
+    )
+    met = [
+        section(model, cache, 16, args.repeat, 1.10),
+        section(model, cache, 2048, args.repeat, 1.00),
+    ]
+    return 0 if all(met) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

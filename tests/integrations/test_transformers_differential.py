@@ -1,0 +1,147 @@
+"""transformers generating on kvcache pools gives the tokens and logits of its own cache.
+
+Every (model, dtype, batch, page size) combination: greedy generation on a ``KVPoolCache``
+with three retractions of the last row in the middle of generation (its old slots taken away
+and every free slot overwritten with garbage before each resume) must equal transformers'
+``DynamicCache`` bit for bit, tokens and every step's logits. The negative controls are pools
+with one defect each: the same harness must see them differ.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from kvcache_core import discover
+from kvcache_core.integrations.transformers import KVPoolCache
+
+from . import hf_broken_pools
+from .hf_harness import Retractor, generate, identical, reference
+
+MODELS = {"llama": "mha", "qwen2-swa": "swa", "deepseek-v3": "mla", "bamba": "mamba"}
+STEPS = frozenset({2, 5, 8})  # between forward passes 2|3, 5|6 and 8|9 of 10
+
+
+def retracting_run(
+    model: Any,
+    batch: int,
+    *,
+    page_size: int = 1,
+    pool: str | None = None,
+    registry: Any = None,
+    sample: bool = False,
+) -> tuple[Any, KVPoolCache, Retractor]:
+    cache = KVPoolCache.for_model(model, pool, size=96, page_size=page_size, registry=registry)
+    retractor = Retractor(cache, STEPS, row=batch - 1)
+    out = generate(model, cache, batch, processors=[retractor], sample=sample)
+    return out, cache, retractor
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_identical_to_dynamic_cache_through_retractions(
+    tiny: Any, name: str, dtype: torch.dtype, batch: int, page_size: int
+) -> None:
+    model = tiny(name, dtype)
+    want = reference(model, batch)
+    got, cache, retractor = retracting_run(model, batch, page_size=page_size)
+    assert cache.pool_name == MODELS[name]
+    assert cache.retractions == 3 and retractor.moved == [True, True, True]
+    assert cache.bytes_offloaded > 0
+    assert torch.equal(got.sequences, want.sequences)
+    assert identical(got, want)
+
+
+@pytest.mark.parametrize("name", ["llama", "bamba"])
+def test_sampled_generation_is_identical(tiny: Any, name: str) -> None:
+    model = tiny(name)
+    want = reference(model, 2, sample=True)
+    got, cache, _ = retracting_run(model, 2, sample=True)
+    assert cache.retractions == 3
+    assert identical(got, want)
+
+
+def test_generate_accepts_past_key_values(tiny: Any) -> None:
+    model = tiny("llama")
+    cache = KVPoolCache.for_model(model, size=64)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with pytest.warns(FutureWarning):
+        out = model.generate(
+            ids, past_key_values=cache, max_new_tokens=4, min_new_tokens=4, do_sample=False
+        )
+    ref = model.generate(ids, max_new_tokens=4, min_new_tokens=4, do_sample=False)
+    assert torch.equal(out, ref) and cache.get_seq_length() == 7
+
+
+@pytest.fixture(scope="module")
+def broken() -> Any:
+    return discover(plugins=[hf_broken_pools], allow=[])
+
+
+@pytest.mark.parametrize(
+    ("name", "pool"),
+    [
+        ("llama", "mha-skips-load"),
+        ("bamba", "mamba-drops-state"),
+        ("qwen2-swa", "swa-window-leaks"),
+    ],
+)
+def test_negative_controls_differ(tiny: Any, broken: Any, name: str, pool: str) -> None:
+    model = tiny(name)
+    want = reference(model, 2)
+    got, cache, _ = retracting_run(model, 2, pool=pool, registry=broken)
+    assert cache.pool_name == pool
+    assert not identical(got, want)
+
+
+def test_window_slots_are_released(tiny: Any) -> None:
+    """Tokens that left every window give their window slots back (``free_swa``)."""
+    model = tiny("qwen2-swa")
+    cache = KVPoolCache.for_model(model, size=96)
+    generate(model, cache, 2)
+    window = model.config.sliding_window
+    held = cache.allocator.size - cache.allocator.full_available_size()
+    assert held == 2 * cache.rows.length
+    assert cache.allocator.swa_available_size() >= cache.allocator.size - 2 * window
+
+
+def test_a_sliding_only_model_runs_on_an_mha_kind_pool() -> None:
+    """Every layer sliding: the MHA-kind pool keeps every token; the window is read from it."""
+    import transformers
+
+    config = transformers.Qwen2Config(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        pad_token_id=0,
+        use_sliding_window=True,
+        sliding_window=5,
+        max_window_layers=0,
+        layer_types=["sliding_attention"] * 2,
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    want = reference(model, 2)
+    got, cache, _ = retracting_run(model, 2, page_size=4)
+    assert cache.pool_name == "mha" and cache.retractions == 3
+    assert identical(got, want)
+
+
+@pytest.mark.parametrize("copy_from", [0, 10**9])
+def test_in_place_and_copied_reads_are_both_identical(tiny: Any, copy_from: int) -> None:
+    """A one-row batch on consecutive slots is read in place below ``copy_from`` positions and
+    copied head-major from there on: both give ``DynamicCache``'s logits."""
+    model = tiny("llama")
+    want = reference(model, 1)
+    cache = KVPoolCache.for_model(model, size=96)
+    cache.copy_from = copy_from
+    got = generate(model, cache, 1)
+    assert cache.rows.run_start is not None  # the read path under test was taken
+    assert identical(got, want)
