@@ -53,11 +53,17 @@ class BatchingStats:
     """
 
     pool: str = ""
+    """The registry name of the pool the run stored keys and values in."""
     pages: int = 0
+    """The pages the pool was built with: transformers' block capacity."""
     offloads: int = 0
+    """Requests moved to the host under block pressure (allocator ``get_cpu_copy`` calls)."""
     restores: int = 0
+    """Requests brought back into new slots (allocator ``load_cpu_copy`` calls)."""
     offloaded_tokens: int = 0
+    """Tokens the offloaded snapshots held, summed over every offload."""
     offloaded_bytes: int = 0
+    """Bytes the offloaded snapshots held, summed over every offload."""
 
 
 @dataclass

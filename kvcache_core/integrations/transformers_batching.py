@@ -202,10 +202,10 @@ class KVPoolBatchingManager(ContinuousBatchingManager):
         )
         choice = choose_pool(groups, pool, registry, block_size=block_size)
         _probe_pool(choice, text, block_size=block_size, dtype=model.dtype, device=model.device)
-        #: The pool this manager stores keys and values in.
         self.pool_choice = choice
-        #: Offloads, restores and bytes moved, updated while requests run.
+        """The pool this manager stores keys and values in, and why it was chosen."""
         self.stats = BatchingStats()
+        """Offloads, restores and bytes moved, updated while requests run."""
         cfg = _batching_config(
             continuous_batching_config,
             num_blocks=num_blocks,
@@ -237,8 +237,8 @@ class BatchOutputs(dict[str, Any]):
 
     def __init__(self, outputs: dict[str, Any], stats: BatchingStats) -> None:
         super().__init__(outputs)
-        #: What the run did with its pool: offloads, restores, bytes moved.
         self.stats = stats
+        """What the run did with its pool: offloads, restores, bytes moved."""
 
 
 def _check_inputs(inputs: object) -> list[list[int]]:
