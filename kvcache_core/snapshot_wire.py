@@ -13,9 +13,10 @@ What the header adds (``__metadata__``, key ``kvcache``, a JSON document): the f
 the contract version, and the snapshot tree (pool kind, compute dtype, token count, typed meta
 values, each part's name, dtype and shape, and the children such as SWA's window side or the
 Mamba state). Key ``kvcache.checksum`` holds a CRC-32 of that document, of the tensor table
-and of every data byte. CRC-32 rather than BLAKE2: measured about four times faster here (zlib), and it detects every error burst of up to 32 bits; it guards against
-corruption in transit or at rest, not against an attacker (a store that needs that
-authenticates its connection).
+and of every data byte. CRC-32 rather than BLAKE2: measured about four times faster here
+(zlib), and it detects every error burst of up to 32 bits. It guards against corruption in
+transit or at rest, not against an attacker (a store that needs that authenticates its
+connection).
 
 Every check runs before a tensor is built, so a truncated, corrupted, oversized or foreign blob
 raises [`SnapshotMismatchError`][kvcache_core.SnapshotMismatchError] naming what is wrong and
