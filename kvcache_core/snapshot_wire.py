@@ -63,6 +63,12 @@ MAX_DEPTH = 8
 """How deeply children may nest (the built-in pools use two levels): a bound, so a hostile
 header cannot make the reader recurse without end."""
 
+#: The data section starts at a multiple of this many bytes from the blob's start, and the
+#: reader views tensors in place only when its address is a multiple too: torch's CPU copy
+#: kernels (and ``LayerRows``' wide-element scatter) may load 16 bytes at a time with aligned
+#: instructions, so a less aligned view would crash them. CPython's ``bytes`` of a snapshot's
+#: size start 16-aligned, so zero-copy is the rule and the one-copy fallback the exception.
+_ALIGN = 16
 _META_KEY = "kvcache"
 _SUM_KEY = "kvcache.checksum"
 _SUM_PREFIX = "crc32:"
@@ -200,7 +206,7 @@ def snapshot_to_bytes(snapshot: KVSnapshot) -> bytes:
         "snapshot": writer.tree(snapshot, 0),
     }
     # Widest elements first: every tensor then starts at a multiple of its element size (the
-    # data section starts 8-aligned), so the reader can view each one in place.
+    # data section starts _ALIGN-aligned), so the reader can view each one in place.
     ordered = sorted(writer.tensors, key=lambda t: -t[1].element_size())
     entries: dict[str, Any] = {}
     buffers: list[Any] = []
@@ -222,7 +228,7 @@ def snapshot_to_bytes(snapshot: KVSnapshot) -> bytes:
         crc = zlib.crc32(raw, crc)
     full = {"__metadata__": {_META_KEY: meta_doc, _SUM_KEY: f"{_SUM_PREFIX}{crc:08x}"}, **entries}
     text = json.dumps(full, separators=(",", ":")).encode()
-    text += b" " * (-(8 + len(text)) % 8)  # the data section starts 8-aligned
+    text += b" " * (-(8 + len(text)) % _ALIGN)  # the data section starts _ALIGN-aligned
     return b"".join([struct.pack("<Q", len(text)), text, *buffers])
 
 
@@ -437,6 +443,8 @@ def snapshot_from_bytes(
             if len(view) > start
             else torch.empty(0, dtype=torch.uint8)
         )
+    if flat.data_ptr() % _ALIGN:
+        flat = flat.clone()  # torch's own allocations are 64-aligned
     reader = _Reader(entries, flat)
     snapshot = reader.tree(doc.get("snapshot"), 0, "snapshot")
     if reader.used != set(entries):
