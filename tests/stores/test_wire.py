@@ -113,7 +113,7 @@ def test_any_snapshot_round_trips_bit_exact(snap: KVSnapshot) -> None:
 def test_any_cut_or_flipped_byte_is_refused(snap: KVSnapshot, data: st.DataObject) -> None:
     blob = snap.to_bytes()
     cut = data.draw(st.integers(0, len(blob) - 1))
-    with pytest.raises(SnapshotMismatchError, match="truncated|not JSON|malformed|foreign"):
+    with pytest.raises(SnapshotMismatchError, match=r"truncated|not JSON|malformed|foreign"):
         KVSnapshot.from_bytes(blob[:cut])
     at = data.draw(st.integers(0, len(blob) - 1))
     bit = data.draw(st.integers(0, 7))
@@ -168,7 +168,7 @@ def test_a_pool_reloads_a_decoded_snapshot_bit_exact(dtype: torch.dtype) -> None
 
     registry = discover()
     config = PoolConfig(size=64, layer_num=2, head_num=2, head_dim=8, page_size=4, dtype=dtype)
-    (pool_a, alloc_a), (pool_b, alloc_b) = (
+    (_, alloc_a), (_, alloc_b) = (
         registry.create("mha", config),
         registry.create("mha", config),
     )
@@ -322,7 +322,7 @@ def test_deep_nesting_and_size_limits() -> None:
         deep = KVSnapshot("mha", torch.float32, 0, {}, children={"c": deep})
     with pytest.raises(ValueError, match="deeper than 8"):
         deep.to_bytes()
-    with pytest.raises(SnapshotMismatchError, match="oversized: .* more than the 10 allowed"):
+    with pytest.raises(SnapshotMismatchError, match=r"oversized: .* more than the 10 allowed"):
         KVSnapshot.from_bytes(SNAP.to_bytes(), max_bytes=10)
     with pytest.raises(SnapshotMismatchError, match="expected the bytes of a snapshot, got str"):
         KVSnapshot.from_bytes("text")  # type: ignore[arg-type]
@@ -339,7 +339,7 @@ def test_a_corrupted_blob_never_reaches_the_pool() -> None:
     pool's buffers are untouched."""
     from kvcache_core import PoolConfig
 
-    pool, alloc = discover().create(
+    _, alloc = discover().create(
         "mha",
         PoolConfig(size=32, layer_num=1, head_num=1, head_dim=4, page_size=4, dtype=torch.float32),
     )
