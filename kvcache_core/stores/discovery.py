@@ -147,7 +147,7 @@ def store_drift(cls: object) -> str | None:
     for name in STORE_METHODS:
         impl = getattr(cls, name, None)
         if not callable(impl):
-            return f"{cls.__qualname__} has no method {name}()"
+            return f"{cls.__name__} has no method {name}()"
         want = inspect.signature(getattr(SnapshotStore, name))
         try:
             have = inspect.signature(impl)
@@ -165,19 +165,19 @@ def store_drift(cls: object) -> str | None:
                     param.kind is param.POSITIONAL_OR_KEYWORD and varargs and varkw
                 ):
                     continue
-                return f"{cls.__qualname__}.{name}() lacks parameter {pname!r}"
+                return f"{cls.__name__}.{name}() lacks parameter {pname!r}"
             if param.kind is param.KEYWORD_ONLY and got.kind not in (
                 got.KEYWORD_ONLY,
                 got.POSITIONAL_OR_KEYWORD,
             ):
-                return f"{cls.__qualname__}.{name}() takes {pname!r} positionally only"
+                return f"{cls.__name__}.{name}() takes {pname!r} positionally only"
             if (
                 param.kind is param.POSITIONAL_OR_KEYWORD
                 and got.kind is not got.POSITIONAL_OR_KEYWORD
             ):
-                return f"{cls.__qualname__}.{name}() takes {pname!r} as {got.kind.description}"
+                return f"{cls.__name__}.{name}() takes {pname!r} as {got.kind.description}"
             if param.default is not param.empty and got.default is got.empty:
-                return f"{cls.__qualname__}.{name}() makes {pname!r} required (it is optional)"
+                return f"{cls.__name__}.{name}() makes {pname!r} required (it is optional)"
         params.pop("self", None)
         for extra in params.values():
             if (
@@ -185,7 +185,7 @@ def store_drift(cls: object) -> str | None:
                 and extra.default is extra.empty
             ):
                 return (
-                    f"{cls.__qualname__}.{name}() requires {extra.name!r}, which callers never pass"
+                    f"{cls.__name__}.{name}() requires {extra.name!r}, which callers never pass"
                 )
     return None
 
