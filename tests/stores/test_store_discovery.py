@@ -20,7 +20,7 @@ from kvcache_plugins.stores.memory import MemoryStore
 
 @hookimpl
 def kvcache_store_specs():
-    return [StoreSpec("{name}", ("{name}",), lambda url: MemoryStore(url), MemoryStore, shared=False)]
+    return [StoreSpec("{name}", ("{name}",), MemoryStore, MemoryStore, shared=False)]
 """
 
 DRIFTED = """
