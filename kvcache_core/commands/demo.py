@@ -61,6 +61,19 @@ def register(sub: Any) -> None:
     )
     parser.add_argument("--seed", type=int, default=DEFAULTS["seed"], metavar="S")
     parser.add_argument("--format", choices=("text", "json"), default="text")
+    parser.add_argument(
+        "--instances",
+        type=int,
+        default=1,
+        metavar="N",
+        help="2: retract on instance A, resume on instance B through --store (default: 1)",
+    )
+    parser.add_argument(
+        "--store",
+        default="memory:",
+        metavar="URL",
+        help="snapshot store for --instances 2: memory:, dir:PATH or redis://HOST:PORT/DB",
+    )
     parser.set_defaults(run=run)
 
 
@@ -141,6 +154,10 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.instances != 1:
+        from .demo_across import run as run_across
+
+        return run_across(args, settings, registry)
     progress = _Progress(sys.stderr)
     try:
         reports = run_demo(registry, names, settings, progress)

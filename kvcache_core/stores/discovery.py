@@ -184,9 +184,7 @@ def store_drift(cls: object) -> str | None:
                 extra.kind not in (extra.VAR_POSITIONAL, extra.VAR_KEYWORD)
                 and extra.default is extra.empty
             ):
-                return (
-                    f"{cls.__name__}.{name}() requires {extra.name!r}, which callers never pass"
-                )
+                return f"{cls.__name__}.{name}() requires {extra.name!r}, which callers never pass"
     return None
 
 
