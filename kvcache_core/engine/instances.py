@@ -150,6 +150,7 @@ class ResumingScheduler(Scheduler):
         super().__init__(*args, **kwargs)
         self.store = store
         self.transfer = TransferStats()
+        self.ended = False  # A said it is done with this pool
 
     def accept(self, handoff: Handoff) -> None:
         """Queue a moved request for resume (its snapshot is read when it fits)."""
@@ -186,15 +187,14 @@ class ResumingScheduler(Scheduler):
 
     def serve(self, receive: Callable[[float], object]) -> dict[int, list[int]]:
         """Decode what arrives until A says it is done and nothing is left; the tokens."""
-        ended = False
         while True:
             idle = not (self.waiting or self.retracted or self.running)
-            if idle and ended:
+            if idle and self.ended:
                 break
             message = receive(0.2 if idle else 0.0)
             while message is not None:
                 if message == _END:
-                    ended = True
+                    self.ended = True
                 else:
                     assert isinstance(message, Handoff)
                     self.accept(message)
@@ -281,6 +281,8 @@ def _instance(
                 tokens: dict[int, list[int]] = {}
                 stats = TransferStats()
                 error = None
+                b: ResumingScheduler | None = None
+                b_done = False
                 try:
                     _, pool, allocator, model = _build(registry, name, settings)
                     common = {"max_running": settings.max_running}
@@ -303,6 +305,7 @@ def _instance(
                         b = ResumingScheduler(model, pool, allocator, store=store, **common)
                         stats = b.transfer
                         tokens = b.serve(lambda t: _receive(inbox, t))
+                        b_done = True
                 except _Skip as exc:
                     error = f"skipped: {exc}"
                 except Exception as exc:  # one pool's failure is that pool's report
@@ -310,8 +313,8 @@ def _instance(
                 finally:
                     if role == "A":
                         outbox.put(_END)
-                    elif error is not None:
-                        _drain(inbox)
+                    elif not b_done and (b is None or not b.ended):
+                        _drain(inbox)  # skip the rest of this pool's messages
                 results.put((role, name, tokens, stats, error))
         finally:
             store.close()
@@ -337,6 +340,7 @@ def run_across_instances(
     url: str,
     *,
     after_put: Callable[[int], None] | None = None,
+    threads: bool | None = None,
 ) -> list[InstanceReport]:
     """Run every pool in ``names`` on instances A and B sharing the store at ``url``, and
     compare each request's tokens with one ample-memory instance (run here first).
@@ -344,9 +348,10 @@ def run_across_instances(
     ``memory:`` runs the instances as threads (the store is in-process); any other URL as two
     ``spawn``ed processes, which discover the installed pools themselves. ``after_put`` (called
     on A with the count of snapshots moved so far; threads only) lets a test stop the store
-    mid-run.
+    mid-run. ``threads`` forces one mode or the other (default: threads for ``memory:`` only).
     """
-    threads = url.split(":", 1)[0] == "memory"
+    if threads is None:
+        threads = url.split(":", 1)[0] == "memory"
     run_id = uuid.uuid4().hex[:8]
     references: dict[str, dict[int, list[int]] | str] = {}
     with single_thread():

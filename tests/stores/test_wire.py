@@ -99,7 +99,7 @@ def snapshots(draw: st.DrawFn, depth: int = 0) -> KVSnapshot:
     )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(snapshots())
 def test_any_snapshot_round_trips_bit_exact(snap: KVSnapshot) -> None:
     blob = snap.to_bytes()
@@ -108,7 +108,7 @@ def test_any_snapshot_round_trips_bit_exact(snap: KVSnapshot) -> None:
     assert back.to_bytes() == blob  # deterministic: the same snapshot, the same bytes
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(snapshots(), st.data())
 def test_any_cut_or_flipped_byte_is_refused(snap: KVSnapshot, data: st.DataObject) -> None:
     blob = snap.to_bytes()
