@@ -31,12 +31,20 @@ from typing import Any
 
 import torch
 
-from kvcache_core import KVPool, Registry, TokenAllocator
-from kvcache_core.errors import SnapshotMismatchError, StoreError
-from kvcache_core.stores import SnapshotStore, get_snapshot, open_store, put_snapshot
+from kvcache_core import (
+    KVPool,
+    Registry,
+    SnapshotMismatchError,
+    SnapshotStore,
+    StoreError,
+    TokenAllocator,
+    get_snapshot,
+    open_store,
+    put_snapshot,
+)
 
 from .model import TinyModel
-from .runner import DemoSettings, _ample_budget, choose_model, pool_config, single_thread
+from .runner import DemoSettings, choose_model, pool_config, single_thread
 from .scheduler import EngineError, Request, Scheduler, make_requests
 
 __all__ = [
@@ -250,7 +258,9 @@ class _Skip(Exception):
 def _reference(registry: Registry, name: str, settings: DemoSettings) -> dict[int, list[int]]:
     """The tokens of one instance with ample memory (no retraction at all)."""
     requests = make_requests(settings.requests, settings.seed, settings.shape.vocab)
-    ample = _ample_budget(requests, settings.page_size)
+    page = settings.page_size
+    # Every request at full length at once, a spare page each: no retraction can happen.
+    ample = sum(-(-(len(r.prompt) + r.max_new) // page) * page + page for r in requests)
     kind, _, _, model = _build(registry, name, settings)
     config = pool_config(kind, settings.shape, ample, settings.page_size, settings.max_running)
     pool, allocator = registry.create(name, config)

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from ..errors import SnapshotMismatchError, StoreError, StoreUnavailableError
-from . import _workers
+from ._workers import make_value, run_job, verify_value
 from .discovery import StoreRegistry, discover_stores
 from .snapshots import get_snapshot, put_snapshot
 from .spec import SnapshotStore, StoreSpec
@@ -304,7 +304,7 @@ def _concurrent(ctx: _Context) -> None:
     for value in ctx.store.get_many(keys):
         _expect(value is not None, "a key written by both writers is missing")
         assert value is not None
-        problem = _workers.verify_value(value)
+        problem = verify_value(value)
         _expect(problem is None, f"after the writers finished: {problem}")
 
 
@@ -313,7 +313,7 @@ def _run_processes(jobs: list[tuple[str, tuple[object, ...]]]) -> list[str | Non
     mp = multiprocessing.get_context("spawn")
     results = mp.Queue()
     procs = [
-        mp.Process(target=_workers.run_job, args=(results, i, role, args), daemon=True)
+        mp.Process(target=run_job, args=(results, i, role, args), daemon=True)
         for i, (role, args) in enumerate(jobs)
     ]
     for p in procs:
@@ -346,7 +346,7 @@ def _run_threads(jobs: list[tuple[str, tuple[object, ...]]]) -> list[str | None]
     """An in-process store is shared by threads, not by processes."""
     results: queue.Queue[tuple[int, str | None]] = queue.Queue()
     threads = [
-        threading.Thread(target=_workers.run_job, args=(results, i, role, args))
+        threading.Thread(target=run_job, args=(results, i, role, args))
         for i, (role, args) in enumerate(jobs)
     ]
     for t in threads:
@@ -374,8 +374,8 @@ def _outage(ctx: _Context) -> None:
     if outage is None:
         raise _Skip("no way to stop this store's server was given (an Outage)")
     key = ctx.key("outage")
-    old = _workers.make_value(0, 0, 1000)
-    new = _workers.make_value(0, 1, 24 * 1024 * 1024)
+    old = make_value(0, 0, 1000)
+    new = make_value(0, 1, 24 * 1024 * 1024)
     ctx.store.put(key, old)
     bound = outage.timeout * 2 + 2.0
     outage.pause()
@@ -428,7 +428,7 @@ def _check_whole(ctx: _Context, key: str, allowed: Sequence[bytes]) -> None:
     _expect(
         value is None or value in allowed,
         "after a failed put the key holds neither the old value, the new one nor nothing "
-        f"({_workers.verify_value(value) if value is not None else ''})",
+        f"({verify_value(value) if value is not None else ''})",
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from kvcache_core.errors import StoreError
+from kvcache_core import StoreError
 
 __all__ = ["MAX_KEY_LENGTH", "check_key", "check_ttl", "check_value"]
 

@@ -26,9 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from urllib.parse import parse_qs, quote
 
-from kvcache_core.errors import StoreError, StoreUnavailableError
-from kvcache_core.hookspecs import hookimpl
-from kvcache_core.stores import StoreSpec
+from kvcache_core import StoreError, StoreSpec, StoreUnavailableError, hookimpl
 
 from ._common import check_key, check_ttl, check_value
 

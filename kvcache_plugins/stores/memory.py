@@ -11,8 +11,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 
-from kvcache_core.hookspecs import hookimpl
-from kvcache_core.stores import StoreSpec
+from kvcache_core import StoreSpec, hookimpl
 
 from ._common import check_key, check_ttl, check_value
 

@@ -27,9 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
-from kvcache_core.errors import StoreError, StoreUnavailableError
-from kvcache_core.hookspecs import hookimpl
-from kvcache_core.stores import StoreSpec
+from kvcache_core import StoreError, StoreSpec, StoreUnavailableError, hookimpl
 
 from ._common import check_key, check_ttl, check_value
 
