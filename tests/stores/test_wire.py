@@ -359,3 +359,19 @@ def test_a_corrupted_blob_never_reaches_the_pool() -> None:
         alloc.load_cpu_copy(KVSnapshot.from_bytes(blob), torch.tensor([1, 2]))
     after = alloc.get_cpu_copy(torch.tensor([1, 2]))
     assert all(torch.equal(before[n], after.parts[n]) for n in before)
+
+
+def test_every_single_byte_flip_is_refused() -> None:
+    """Exhaustive on a small blob: header, tensor table, padding and data alike."""
+    blob = KVSnapshot(
+        "mha",
+        torch.bfloat16,
+        3,
+        {"k": torch.randn(2, 3, 4).bfloat16(), "q": torch.ones(3, 2)},
+        meta={"ids": (1, 2)},
+    ).to_bytes()
+    for at in range(len(blob)):
+        flipped = bytearray(blob)
+        flipped[at] ^= 0x01
+        with pytest.raises(SnapshotMismatchError):
+            KVSnapshot.from_bytes(flipped)
