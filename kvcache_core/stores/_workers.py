@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import random
 import struct
+import time
 from typing import Any
 
 __all__ = ["make_value", "reader", "run_job", "verify_value", "writer"]
@@ -46,15 +47,20 @@ def _open(target: object) -> tuple[Any, bool]:
 
 
 def writer(
-    target: object, writer_id: int, keys: list[str], rounds: int, sizes: list[int]
+    target: object, writer_id: int, keys: list[str], seconds: float, sizes: list[int], start: Any
 ) -> str | None:
-    """Overwrite every key ``rounds`` times with values of varying size; None or an error."""
+    """Once every worker is ready (``start``, a barrier), overwrite the keys with values of
+    varying size for ``seconds`` (and at least one round); None or an error."""
     store, owned = _open(target)
     try:
-        for seq in range(rounds):
+        start.wait(120)
+        deadline = time.monotonic() + seconds
+        seq = 0
+        while seq == 0 or time.monotonic() < deadline:
             for i, key in enumerate(keys):
                 size = sizes[(seq + i) % len(sizes)]
                 store.put(key, make_value(writer_id, seq, size))
+            seq += 1
         return None
     except Exception as exc:
         return f"writer {writer_id}: {type(exc).__name__}: {exc}"
@@ -63,11 +69,14 @@ def writer(
             store.close()
 
 
-def reader(target: object, keys: list[str], rounds: int) -> str | None:
-    """Read every key ``rounds`` times; the first torn value read, an error, or None."""
+def reader(target: object, keys: list[str], seconds: float, start: Any) -> str | None:
+    """Once every worker is ready, read the keys for ``seconds``; the first torn value read,
+    an error, or None."""
     store, owned = _open(target)
     try:
-        for _ in range(rounds):
+        start.wait(120)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
             for value in store.get_many(keys):
                 if value is not None and (problem := verify_value(value)) is not None:
                     return problem

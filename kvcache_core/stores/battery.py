@@ -32,7 +32,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import SnapshotMismatchError, StoreError, StoreUnavailableError
 from ._workers import make_value, run_job, verify_value
@@ -295,9 +295,15 @@ def _concurrent(ctx: _Context) -> None:
     sizes = [100, 300_000, 1_000_000]
     # Processes open the store by URL; threads share this one (an in-process store).
     target: object = ctx.url if ctx.spec.shared else ctx.store
+    if ctx.spec.shared:
+        mp = multiprocessing.get_context("spawn")
+        start: Any = mp.Barrier(4)
+    else:
+        start = threading.Barrier(4)
+    # Everyone starts together (after the processes' imports), then runs for 0.6 s.
     jobs: list[tuple[str, tuple[object, ...]]] = [
-        ("writer", (target, w, keys, 6, sizes)) for w in (1, 2)
-    ] + [("reader", (target, keys, 10)) for _ in range(2)]
+        ("writer", (target, w, keys, 0.6, sizes, start)) for w in (1, 2)
+    ] + [("reader", (target, keys, 0.6, start)) for _ in range(2)]
     problems = _run_processes(jobs) if ctx.spec.shared else _run_threads(jobs)
     found = [p for p in problems if p]
     _expect(not found, f"concurrent writers and readers: {'; '.join(found)}")
