@@ -46,6 +46,7 @@ bench: setup
 	$(BIN)/python benchmarks/bench_types_level.py
 	$(BIN)/python benchmarks/bench_drift.py
 	$(BIN)/python benchmarks/bench_behaviour.py
+	$(BIN)/python benchmarks/bench_stores.py
 
 # Differential run against sglang 0.5.14's pools (not part of CI; downloads sglang). Its own
 # virtualenv: torch (CPU), numpy and this checkout, then sglang with --no-deps (its dependency
