@@ -99,7 +99,7 @@ def snapshots(draw: st.DrawFn, depth: int = 0) -> KVSnapshot:
     )
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(snapshots())
 def test_any_snapshot_round_trips_bit_exact(snap: KVSnapshot) -> None:
     blob = snap.to_bytes()
@@ -130,7 +130,8 @@ def _retracted_snapshots(name: str) -> list[KVSnapshot]:
     spec = registry.spec(name)
     kind, _ = choose_model(spec.capabilities)
     assert kind is not None
-    settings_ = DemoSettings(requests=8, budget=64)
+    # Small runs that still retract (HiSparse's device needs the larger budget).
+    settings_ = DemoSettings(requests=8, budget=64) if name == "hisparse" else DemoSettings(6, 56)
     config = pool_config(kind, settings_.shape, settings_.budget, settings_.page_size, 8)
     pool, allocator = registry.create(name, config)
     stack = contextlib.ExitStack()
@@ -147,7 +148,8 @@ def _retracted_snapshots(name: str) -> list[KVSnapshot]:
 
     model = TinyModel(kind, settings_.shape, settings_.seed)
     with stack:
-        Capturing(model, pool, allocator).run(make_requests(8, 0, settings_.shape.vocab))
+        requests = make_requests(settings_.requests, 0, settings_.shape.vocab)
+        Capturing(model, pool, allocator).run(requests)
     return captured
 
 
