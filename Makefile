@@ -48,6 +48,7 @@ bench: setup
 	$(BIN)/python benchmarks/bench_behaviour.py
 	$(BIN)/python benchmarks/bench_transformers_batching.py
 	$(BIN)/python benchmarks/bench_transformers.py
+	$(BIN)/python benchmarks/bench_stores.py
 
 # Differential run against sglang 0.5.14's pools (not part of CI; downloads sglang). Its own
 # virtualenv: torch (CPU), numpy and this checkout, then sglang with --no-deps (its dependency

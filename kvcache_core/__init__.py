@@ -56,6 +56,8 @@ if TYPE_CHECKING:
         PluginRejectedError,
         ShapeMismatchError,
         SnapshotMismatchError,
+        StoreError,
+        StoreUnavailableError,
         UnknownPoolError,
         UnsupportedDtypeError,
     )
@@ -63,6 +65,14 @@ if TYPE_CHECKING:
     from .hostmem import host_cache_stats, release_host_cache, set_host_cache_limit
     from .quantized import QuantizedLayerRows
     from .storage import LayerRows, host_empty, storage_dtype
+    from .stores import (
+        SnapshotStore,
+        StoreSpec,
+        discover_stores,
+        get_snapshot,
+        open_store,
+        put_snapshot,
+    )
     from .validation import check_rows, check_slots
 
 #: Public name -> the submodule that defines it.
@@ -105,6 +115,8 @@ _LAZY: dict[str, str] = {
     "PluginRejectedError": ".errors",
     "ShapeMismatchError": ".errors",
     "SnapshotMismatchError": ".errors",
+    "StoreError": ".errors",
+    "StoreUnavailableError": ".errors",
     "UnknownPoolError": ".errors",
     "UnsupportedDtypeError": ".errors",
     "hookimpl": ".hookspecs",
@@ -115,6 +127,12 @@ _LAZY: dict[str, str] = {
     "QuantizedLayerRows": ".quantized",
     "host_empty": ".storage",
     "storage_dtype": ".storage",
+    "SnapshotStore": ".stores",
+    "StoreSpec": ".stores",
+    "discover_stores": ".stores",
+    "get_snapshot": ".stores",
+    "open_store": ".stores",
+    "put_snapshot": ".stores",
     "check_rows": ".validation",
     "check_slots": ".validation",
 }
@@ -172,6 +190,10 @@ __all__ = [
     "ShapeMismatchError",
     "SlidingWindowPool",
     "SnapshotMismatchError",
+    "SnapshotStore",
+    "StoreError",
+    "StoreSpec",
+    "StoreUnavailableError",
     "TokenAllocator",
     "TokenSlotAllocator",
     "UnknownPoolError",
@@ -180,11 +202,15 @@ __all__ = [
     "check_rows",
     "check_slots",
     "discover",
+    "discover_stores",
     "expect_snapshot",
     "free_calls_one_by_one",
+    "get_snapshot",
     "hookimpl",
     "host_cache_stats",
     "host_empty",
+    "open_store",
+    "put_snapshot",
     "release_host_cache",
     "set_host_cache_limit",
     "storage_dtype",

@@ -16,6 +16,8 @@ __all__ = [
     "PluginRejectedError",
     "ShapeMismatchError",
     "SnapshotMismatchError",
+    "StoreError",
+    "StoreUnavailableError",
     "UnknownPoolError",
     "UnsupportedDtypeError",
 ]
@@ -71,3 +73,14 @@ class PluginRejectedError(KVCacheError, RuntimeError):
         lines = [f"{len(rejected)} kvcache plugin(s) rejected:"]
         lines += [f"  - {r}" for r in rejected]
         super().__init__("\n".join(lines))
+
+
+class StoreError(KVCacheError, RuntimeError):
+    """A snapshot store could not do what was asked: an unknown store URL, a key it cannot
+    hold, or a value it holds that is not one it wrote."""
+
+
+class StoreUnavailableError(StoreError, ConnectionError):
+    """A snapshot store did not answer within its timeout (the server went away, the
+    directory vanished). Raised instead of hanging; what the failed call wrote, if anything,
+    is never read back as a value (see docs/stores.md, failure semantics)."""

@@ -12,12 +12,15 @@ import pluggy
 
 if TYPE_CHECKING:  # annotations only: importing the markers must not import torch
     from .contracts.spec import PoolSpec
+    from .stores.spec import StoreSpec
 
-__all__ = ["PROJECT_NAME", "hookimpl", "hookspec", "kvcache_pool_specs"]
+__all__ = ["PROJECT_NAME", "hookimpl", "hookspec", "kvcache_pool_specs", "kvcache_store_specs"]
 
 PROJECT_NAME = "kvcache"
 #: The entry point group every pool plugin registers under.
 ENTRY_POINT_GROUP = "kvcache.pools"
+#: The entry point group every snapshot-store plugin registers under.
+STORE_ENTRY_POINT_GROUP = "kvcache.stores"
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
@@ -38,3 +41,9 @@ pluggy only calls functions carrying the marker of its own project, so a plain f
 @hookspec
 def kvcache_pool_specs() -> list[PoolSpec]:  # type: ignore[empty-body]
     """Return the pool kinds this plugin provides."""
+
+
+@hookspec
+def kvcache_store_specs() -> list[StoreSpec]:  # type: ignore[empty-body]
+    """Return the snapshot stores this plugin provides (read by
+    [`discover_stores`][kvcache_core.stores.discover_stores], group ``kvcache.stores``)."""

@@ -50,6 +50,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="add one test per (pool, behaviour check) of the installed kvcache plugins; "
         "=NAME,... limits it to those pools or plugins (write it with `=`, or after the paths)",
     )
+    group.addoption(
+        "--kvcache-store",
+        dest="kvcache_store",
+        action="append",
+        default=None,
+        metavar="URL",
+        help="add one test per check of the snapshot-store battery on the store at URL "
+        "(repeatable)",
+    )
 
 
 def _requested(config: pytest.Config) -> list[str] | None:
@@ -109,6 +118,11 @@ def pytest_collection_modifyitems(
     session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
 ) -> None:
     """Append the battery before ``-k``/``-m``/``--deselect`` filter the items (``tryfirst``)."""
+    stores: list[str] | None = config.getoption("kvcache_store")
+    if stores:
+        from .stores.pytest_items import store_items
+
+        items.extend(store_items(session, stores))
     plan = config.stash.get(_PLAN, None)
     if plan is None:
         return

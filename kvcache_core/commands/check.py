@@ -75,11 +75,22 @@ def register(sub: Any) -> None:
         metavar="N",
         help=f"contract version to check against (default: {CONTRACT_VERSION})",
     )
+    parser.add_argument(
+        "--store",
+        action="append",
+        metavar="URL",
+        help="run the snapshot-store battery on the store at URL (memory:, dir:PATH, "
+        "redis://HOST:PORT/DB or a plugin's scheme) instead of checking pools; repeatable",
+    )
     add_output_options(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "store", None):
+        from .check_stores import run as run_store_checks
+
+        return run_store_checks(args)
     # Imported here, not at module level: registering the parser must stay cheap, and which of
     # these pull in torch depends on the targets (plugins do; paths at --level source do not).
     from ..conformance.expected import check_applicable, check_known_ids

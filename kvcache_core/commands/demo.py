@@ -74,6 +74,19 @@ def register(sub: Any) -> None:
         metavar="llama|qwen2-swa|deepseek-v3|bamba|PATH",
         help="--engine transformers: a tiny seeded model, or a local checkpoint directory",
     )
+    parser.add_argument(
+        "--instances",
+        type=int,
+        default=1,
+        metavar="N",
+        help="2: retract on instance A, resume on instance B through --store (default: 1)",
+    )
+    parser.add_argument(
+        "--store",
+        default="memory:",
+        metavar="URL",
+        help="snapshot store for --instances 2: memory:, dir:PATH or redis://HOST:PORT/DB",
+    )
     parser.set_defaults(run=run)
 
 
@@ -139,6 +152,13 @@ class _Progress:
 
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "engine", "reference") == "transformers":
+        if getattr(args, "instances", 1) != 1:
+            print(
+                "kvcache demo: error: --instances runs the reference engine; "
+                "--engine transformers runs in one process",
+                file=sys.stderr,
+            )
+            return 2
         from ._demo_transformers import run as run_transformers
 
         return run_transformers(args)
@@ -160,6 +180,10 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.instances != 1:
+        from .demo_across import run as run_across
+
+        return run_across(args, settings, registry)
     progress = _Progress(sys.stderr)
     try:
         reports = run_demo(registry, names, settings, progress)

@@ -90,6 +90,33 @@ class KVSnapshot:
         """Shape and dtype of every part (for error messages and comparisons)."""
         return {name: (tuple(t.shape), t.dtype) for name, t in self.parts.items()}
 
+    def to_bytes(self) -> bytes:
+        """This snapshot as bytes that can leave the process (a store, a socket, a file).
+
+        The format is safetensors with a versioned kvcache header and a checksum, never
+        pickle; see [`snapshot_wire`][kvcache_core.snapshot_wire] for what it holds and costs.
+
+        :raises TypeError: A meta value the format cannot carry (the message names its key).
+        """
+        from ..snapshot_wire import snapshot_to_bytes
+
+        return snapshot_to_bytes(self)
+
+    @classmethod
+    def from_bytes(
+        cls, data: bytes | bytearray | memoryview, *, max_bytes: int | None = None
+    ) -> KVSnapshot:
+        """The snapshot [`to_bytes`][kvcache_core.KVSnapshot.to_bytes] wrote, bit for bit,
+        after checking every byte of ``data`` (zero-copy when ``data`` is ``bytes``).
+
+        :param max_bytes: Refuse a blob larger than this.
+        :raises SnapshotMismatchError: The blob is truncated, oversized, corrupted, foreign or
+            of a newer format; the message says which, and nothing has been loaded anywhere.
+        """
+        from ..snapshot_wire import snapshot_from_bytes
+
+        return snapshot_from_bytes(data, max_bytes=max_bytes)
+
 
 def expect_snapshot(
     snapshot: object,

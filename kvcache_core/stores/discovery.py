@@ -1,0 +1,329 @@
+"""``discover_stores()``: the snapshot stores installed by entry point, validated like pools.
+
+Each entry point of the ``kvcache.stores`` group is loaded in isolation through pluggy (hook
+``kvcache_store_specs``): a plugin that fails to import, raises from its hook, returns junk,
+declares a class whose methods drift from [`SnapshotStore`][kvcache_core.stores.SnapshotStore]
+or claims a name or URL scheme another plugin also claims is rejected with the reason, and the
+others load. An engine then opens a store by URL through
+[`StoreRegistry.open`][kvcache_core.stores.StoreRegistry.open], which picks the plugin by scheme.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from types import ModuleType
+
+import pluggy
+
+from .. import hookspecs
+from ..errors import PluginRejectedError, StoreError
+from .spec import STORE_METHODS, SnapshotStore, StoreSpec
+
+__all__ = [
+    "AcceptedStore",
+    "StoreRegistry",
+    "StorePlugin",
+    "StoreRejection",
+    "discover_stores",
+    "open_store",
+    "store_drift",
+]
+
+ENV_ALLOW = "KVCACHE_STORES"
+ENV_DENY = "KVCACHE_DISABLE_STORES"
+
+
+@dataclass(frozen=True)
+class StorePlugin:
+    """One entry point of the ``kvcache.stores`` group (or a plugin object passed directly)."""
+
+    name: str
+    value: str
+    distribution: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.distribution or 'no distribution'})"
+
+
+@dataclass(frozen=True)
+class AcceptedStore:
+    """A validated store kind and the plugin that provides it."""
+
+    spec: StoreSpec
+    plugin: StorePlugin
+
+
+@dataclass(frozen=True)
+class StoreRejection:
+    """A store plugin (or one store of it) that discovery refused, and why, in one line.
+
+    :param plugin: The entry point.
+    :param reason: Why: an import error, a hook that raised, contract drift, a duplicate.
+    :param store: The store's name when one store of the plugin was refused.
+    """
+
+    plugin: StorePlugin
+    reason: str
+    store: str | None = None
+
+    def __str__(self) -> str:
+        what = (
+            f"store {self.store!r} of plugin {self.plugin}"
+            if self.store
+            else f"plugin {self.plugin}"
+        )
+        return f"{what}: {self.reason}"
+
+
+@dataclass
+class StoreRegistry:
+    """What [`discover_stores`][kvcache_core.stores.discover_stores] found.
+
+    :param accepted: Validated stores by name.
+    :param rejected: Every refusal, in discovery order.
+    :param skipped: Plugins not loaded because of the allow or deny list, with why.
+    """
+
+    accepted: dict[str, AcceptedStore] = field(default_factory=dict)
+    rejected: list[StoreRejection] = field(default_factory=list)
+    skipped: list[tuple[StorePlugin, str]] = field(default_factory=list)
+
+    def names(self) -> list[str]:
+        """The accepted stores' names, sorted."""
+        return sorted(self.accepted)
+
+    def schemes(self) -> dict[str, str]:
+        """URL scheme -> the accepted store that opens it."""
+        return {s: n for n, a in self.accepted.items() for s in a.spec.schemes}
+
+    def spec_for(self, url: str) -> StoreSpec:
+        """The accepted spec that opens ``url`` (chosen by the scheme before the first ``:``).
+
+        :raises StoreError: No accepted store opens that scheme; the message lists the schemes
+            that are known and, when the store was rejected, why.
+        """
+        scheme = url.split(":", 1)[0] if ":" in url else ""
+        owner = self.schemes().get(scheme)
+        if owner is None:
+            known = ", ".join(f"{s}:" for s in sorted(self.schemes())) or "none"
+            why = next((f" ({r.reason})" for r in self.rejected if r.store == scheme), "")
+            what = f"{scheme}:" if scheme else "a URL without a scheme"
+            raise StoreError(f"no accepted snapshot store opens {what}{why}; known: {known}")
+        return self.accepted[owner].spec
+
+    def open(self, url: str) -> SnapshotStore:
+        """Open the store ``url`` names (``memory:``, ``dir:PATH``, ``redis://HOST:PORT/DB``).
+
+        :raises StoreError: Unknown scheme, a malformed URL, or a factory that returned
+            something that is not a [`SnapshotStore`][kvcache_core.stores.SnapshotStore].
+        """
+        spec = self.spec_for(url)
+        store = spec.factory(url)
+        if not isinstance(store, SnapshotStore):
+            raise StoreError(
+                f"store {spec.name!r} returned a {type(store).__name__}, which lacks "
+                f"SnapshotStore methods ({', '.join(STORE_METHODS)})"
+            )
+        return store
+
+
+def _summarise(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def store_drift(cls: object) -> str | None:
+    """Why ``cls`` does not implement [`SnapshotStore`][kvcache_core.stores.SnapshotStore]
+    (a missing method, a parameter missing or of another kind), or None when it does.
+
+    The check is the one a caller needs: every call the Protocol allows must be accepted.
+    Extra parameters are fine when they have defaults.
+    """
+    if not isinstance(cls, type):
+        return f"store_class is {type(cls).__name__}, not a class"
+    for name in STORE_METHODS:
+        impl = getattr(cls, name, None)
+        if not callable(impl):
+            return f"{cls.__name__} has no method {name}()"
+        want = inspect.signature(getattr(SnapshotStore, name))
+        try:
+            have = inspect.signature(impl)
+        except (TypeError, ValueError):
+            continue  # a builtin without a signature: nothing to compare
+        params = dict(have.parameters)
+        varargs = any(p.kind is p.VAR_POSITIONAL for p in params.values())
+        varkw = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        for pname, param in want.parameters.items():
+            if pname == "self":
+                continue
+            got = params.pop(pname, None)
+            if got is None:
+                if (param.kind is param.KEYWORD_ONLY and varkw) or (
+                    param.kind is param.POSITIONAL_OR_KEYWORD and varargs and varkw
+                ):
+                    continue
+                return f"{cls.__name__}.{name}() lacks parameter {pname!r}"
+            if param.kind is param.KEYWORD_ONLY and got.kind not in (
+                got.KEYWORD_ONLY,
+                got.POSITIONAL_OR_KEYWORD,
+            ):
+                return f"{cls.__name__}.{name}() takes {pname!r} positionally only"
+            if (
+                param.kind is param.POSITIONAL_OR_KEYWORD
+                and got.kind is not got.POSITIONAL_OR_KEYWORD
+            ):
+                return f"{cls.__name__}.{name}() takes {pname!r} as {got.kind.description}"
+            if param.default is not param.empty and got.default is got.empty:
+                return f"{cls.__name__}.{name}() makes {pname!r} required (it is optional)"
+        params.pop("self", None)
+        for extra in params.values():
+            if (
+                extra.kind not in (extra.VAR_POSITIONAL, extra.VAR_KEYWORD)
+                and extra.default is extra.empty
+            ):
+                return f"{cls.__name__}.{name}() requires {extra.name!r}, which callers never pass"
+    return None
+
+
+def _spec_problem(spec: object) -> str | None:
+    if not isinstance(spec, StoreSpec):
+        return f"hook returned a {type(spec).__name__}, expected a StoreSpec"
+    fields: dict[str, object] = vars(spec)  # plugins ignore annotations: check the values
+    if not isinstance(fields["name"], str) or not fields["name"]:
+        return "StoreSpec.name must be a non-empty string"
+    schemes = fields["schemes"]
+    if (
+        not isinstance(schemes, tuple)
+        or not schemes
+        or not all(isinstance(s, str) and s for s in schemes)
+    ):
+        return "StoreSpec.schemes must be a non-empty tuple of non-empty strings"
+    if not callable(fields["factory"]):
+        return "StoreSpec.factory is not callable"
+    drift = store_drift(spec.store_class)
+    return f"contract drift: {drift}" if drift else None
+
+
+def _names(var: str) -> set[str] | None:
+    raw = os.environ.get(var)
+    return None if raw is None else {n.strip() for n in raw.split(",") if n.strip()}
+
+
+def _load(
+    pm: pluggy.PluginManager, info: StorePlugin, obj: object
+) -> tuple[list[object], str | None]:
+    """Register one plugin and call its hook alone; its specs, or why it is rejected."""
+    try:
+        pm.register(obj, name=info.name)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        return [], f"could not register with pluggy: {_summarise(exc)}"
+    impls = [i for i in pm.hook.kvcache_store_specs.get_hookimpls() if i.plugin_name == info.name]
+    if not impls:
+        if callable(getattr(obj, "kvcache_store_specs", None)):
+            return [], "defines kvcache_store_specs() without the @hookimpl marker"
+        return [], "implements no kvcache_store_specs() hook"
+    specs: list[object] = []
+    for impl in impls:
+        try:
+            result = impl.function()
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
+            return [], f"kvcache_store_specs() raised {_summarise(exc)}"
+        if not isinstance(result, (list, tuple)):
+            return [], f"kvcache_store_specs() returned a {type(result).__name__}, expected a list"
+        specs.extend(result)
+    return specs, None
+
+
+def discover_stores(
+    *,
+    allow: Sequence[str] | None = None,
+    deny: Sequence[str] | None = None,
+    plugins: Sequence[ModuleType | object] = (),
+    group: str = hookspecs.STORE_ENTRY_POINT_GROUP,
+    strict: bool = False,
+) -> StoreRegistry:
+    """Load and validate every snapshot-store plugin; a broken one is rejected, never a crash.
+
+    :param allow: Entry-point names to load, others skipped; default ``$KVCACHE_STORES``
+        (comma-separated), or all when unset.
+    :param deny: Entry-point names to skip; default ``$KVCACHE_DISABLE_STORES``.
+    :param plugins: Extra plugin objects (modules) registered directly, e.g. in tests.
+    :param group: The entry-point group to read.
+    :param strict: Raise [`PluginRejectedError`][kvcache_core.PluginRejectedError] listing
+        every rejection instead of isolating them.
+    """
+    allowed = set(allow) if allow is not None else _names(ENV_ALLOW)
+    denied = set(deny) if deny is not None else (_names(ENV_DENY) or set())
+    registry = StoreRegistry()
+    pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+    pm.add_hookspecs(hookspecs)
+    candidates: list[tuple[StorePlugin, object]] = []
+    for ep in metadata.entry_points(group=group):
+        dist = getattr(ep, "dist", None)
+        info = StorePlugin(ep.name, ep.value, getattr(dist, "name", None))
+        if ep.name in denied or (allowed is not None and ep.name not in allowed):
+            registry.skipped.append(
+                (info, "disabled by deny list" if ep.name in denied else "not in allow list")
+            )
+            continue
+        try:
+            candidates.append((info, ep.load()))
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
+            registry.rejected.append(StoreRejection(info, f"import failed: {_summarise(exc)}"))
+    for obj in plugins:
+        name = getattr(obj, "__name__", type(obj).__name__)
+        candidates.append((StorePlugin(name, name), obj))
+
+    offers: list[tuple[StorePlugin, StoreSpec]] = []
+    for info, obj in candidates:
+        specs, reason = _load(pm, info, obj)
+        if reason is not None:
+            registry.rejected.append(StoreRejection(info, reason))
+            continue
+        for spec in specs:
+            problem = _spec_problem(spec)
+            if problem is not None:
+                name = spec.name if isinstance(spec, StoreSpec) else None
+                registry.rejected.append(StoreRejection(info, problem, name))
+            else:
+                assert isinstance(spec, StoreSpec)
+                offers.append((info, spec))
+    _accept_unique(registry, offers)
+    if strict and registry.rejected:
+        raise PluginRejectedError(list(registry.rejected))
+    return registry
+
+
+def _accept_unique(registry: StoreRegistry, offers: list[tuple[StorePlugin, StoreSpec]]) -> None:
+    """Accept every offer whose name and schemes no other offer claims; reject all claimants."""
+    claims: dict[str, list[StorePlugin]] = {}
+    for info, spec in offers:
+        for claim in {f"name {spec.name!r}", *(f"scheme {s}:" for s in spec.schemes)}:
+            claims.setdefault(claim, []).append(info)
+    for info, spec in offers:
+        clash = sorted(
+            c
+            for c in {f"name {spec.name!r}", *(f"scheme {s}:" for s in spec.schemes)}
+            if len(claims[c]) > 1
+        )
+        if clash:
+            owners = ", ".join(str(p) for p in claims[clash[0]])
+            registry.rejected.append(
+                StoreRejection(info, f"duplicate {clash[0]}, claimed by: {owners}", spec.name)
+            )
+        else:
+            registry.accepted[spec.name] = AcceptedStore(spec, info)
+
+
+def open_store(url: str) -> SnapshotStore:
+    """Discover the installed stores and open ``url`` with the one its scheme names."""
+    return discover_stores().open(url)

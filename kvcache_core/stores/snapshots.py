@@ -1,0 +1,43 @@
+"""Snapshots in and out of a store: the two calls an engine makes around a retraction.
+
+``put_snapshot`` serialises before it touches the store, and ``get_snapshot`` checks every byte
+before it returns, so a snapshot that reaches ``load_cpu_copy`` is exactly the one stored.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .spec import SnapshotStore
+
+if TYPE_CHECKING:
+    from ..contracts.snapshot import KVSnapshot
+
+__all__ = ["get_snapshot", "put_snapshot"]
+
+
+def put_snapshot(
+    store: SnapshotStore, key: str, snapshot: KVSnapshot, *, ttl: float | None = None
+) -> int:
+    """Store ``snapshot``'s wire form under ``key``; return how many bytes were stored.
+
+    :raises StoreUnavailableError: The store did not answer in time; nothing is read back
+        from a failed put, so the caller keeps its snapshot and may retry or resume locally.
+    """
+    data = snapshot.to_bytes()
+    store.put(key, data, ttl=ttl)
+    return len(data)
+
+
+def get_snapshot(
+    store: SnapshotStore, key: str, *, max_bytes: int | None = None
+) -> KVSnapshot | None:
+    """The snapshot under ``key``, checked (format, checksum, structure), or None if absent.
+
+    :raises SnapshotMismatchError: The stored value is not an intact snapshot.
+    :raises StoreUnavailableError: The store did not answer in time.
+    """
+    from ..contracts.snapshot import KVSnapshot
+
+    data = store.get(key)
+    return None if data is None else KVSnapshot.from_bytes(data, max_bytes=max_bytes)

@@ -1,0 +1,105 @@
+"""The snapshot-store contract: the [`SnapshotStore`][kvcache_core.stores.SnapshotStore]
+Protocol and the [`StoreSpec`][kvcache_core.stores.StoreSpec] a plugin returns.
+
+A store holds bytes under string keys, not snapshots: the wire format
+([`KVSnapshot.to_bytes`][kvcache_core.KVSnapshot.to_bytes]) carries its own version and
+checksum, so a store needs no knowledge of tensors and every store gets the same corruption
+checks for free. Nothing here imports torch: a process that only moves bytes (a store's worker,
+a test's writer) stays light.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+__all__ = ["STORE_METHODS", "SnapshotStore", "StoreFactory", "StoreSpec"]
+
+
+@runtime_checkable
+class SnapshotStore(Protocol):
+    """Where retracted snapshots wait to be resumed, possibly by another engine instance.
+
+    Keys are strings; values are bytes (normally a snapshot's wire form). ``put`` is atomic:
+    a reader sees the old value, the new value or nothing, never a part of one, even when the
+    writer dies mid-call. Errors: [`StoreUnavailableError`][kvcache_core.StoreUnavailableError]
+    when the backend does not answer within the store's timeout (never an endless wait),
+    [`StoreError`][kvcache_core.StoreError] for anything else the store refuses.
+    """
+
+    def put(self, key: str, value: bytes, *, ttl: float | None = None) -> None:
+        """Store ``value`` under ``key``, replacing any value; expire it after ``ttl``
+        seconds when given (a store without expiry raises ``StoreError`` for a ``ttl``)."""
+        ...
+
+    def get(self, key: str) -> bytes | None:
+        """The value under ``key``, or None when there is none (or it expired)."""
+        ...
+
+    def delete(self, key: str) -> bool:
+        """Remove ``key``; True when it held a value."""
+        ...
+
+    def exists(self, key: str) -> bool:
+        """Whether ``key`` holds a value now."""
+        ...
+
+    def put_many(self, items: Mapping[str, bytes], *, ttl: float | None = None) -> None:
+        """``put`` of every item, in one round trip where the backend allows."""
+        ...
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        """``get`` of every key, in order, in one round trip where the backend allows."""
+        ...
+
+    def delete_many(self, keys: Sequence[str]) -> int:
+        """``delete`` of every key; how many held a value."""
+        ...
+
+    def close(self) -> None:
+        """Release connections or handles; the store is not used afterwards."""
+        ...
+
+
+#: The Protocol's members, in the order discovery checks them.
+STORE_METHODS: tuple[str, ...] = (
+    "put",
+    "get",
+    "delete",
+    "exists",
+    "put_many",
+    "get_many",
+    "delete_many",
+    "close",
+)
+
+StoreFactory = Callable[[str], SnapshotStore]
+"""Builds a store from its URL (``memory:``, ``dir:/var/kv``, ``redis://host:6379/0``)."""
+
+
+@dataclass(frozen=True)
+class StoreSpec:
+    """What a store plugin's ``kvcache_store_specs()`` hook returns, one per store kind.
+
+    :param name: The store's name (``memory``, ``dir``, ``redis``), unique among plugins.
+    :param schemes: URL schemes it opens (``redis`` and ``rediss``); unique among plugins.
+    :param factory: Builds an open store from a URL of one of those schemes.
+    :param store_class: The class ``factory`` returns: discovery checks its methods against
+        [`SnapshotStore`][kvcache_core.stores.SnapshotStore] before the store is accepted.
+    :param description: One line for ``kvcache list`` and the docs.
+    :param shared: True when two processes opening the same URL see the same keys (the
+        battery's multi-process checks run only then; the in-process store is not shared).
+    :param supports_ttl: Whether ``put(..., ttl=...)`` expires values.
+    :param example_url: A URL the battery may open when none is given (None: a URL is needed,
+        e.g. a server's address).
+    """
+
+    name: str
+    schemes: tuple[str, ...]
+    factory: StoreFactory
+    store_class: type
+    description: str = ""
+    shared: bool = True
+    supports_ttl: bool = True
+    example_url: str | None = None

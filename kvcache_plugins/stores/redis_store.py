@@ -1,0 +1,218 @@
+"""The Redis snapshot store (``redis://HOST:PORT/DB``, ``rediss://`` for TLS): Redis or Valkey
+through redis-py, so that engine instances on different machines share snapshots.
+
+Why these choices:
+
+* The password comes from the environment (``$KVCACHE_REDIS_PASSWORD``, or the variable named
+  by ``?password_env=NAME``), never from the URL: a URL ends up in logs, process lists and
+  reports, so one that carries a password is refused, and neither ``repr`` nor any error
+  message ever contains the password.
+* Every call is bounded: socket timeouts (``?timeout=``, default 5 s; ``?connect_timeout=``,
+  default 2 s), and one immediate retry only for a dropped connection (a server restart), none
+  for a timeout. A server that goes away raises
+  [`StoreUnavailableError`][kvcache_core.StoreUnavailableError] within about the timeout
+  instead of hanging the engine.
+* ``SET`` is atomic in Redis: a reader gets the old value, the new one or nothing, never part
+  of one, even when the connection drops mid-write; ``put_many`` is one ``MULTI``/``EXEC``.
+* Keys are prefixed (``?prefix=``, default ``kvcache:``) so the store can share a database.
+
+redis-py is imported when a store is opened, not when this plugin is discovered, so an
+installation without the ``redis`` extra still lists the store and says what to install.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+from urllib.parse import parse_qs, urlsplit
+
+from kvcache_core import StoreError, StoreSpec, StoreUnavailableError, hookimpl
+
+from ._common import check_key, check_ttl, check_value
+
+__all__ = ["DEFAULT_PASSWORD_ENV", "RedisStore", "kvcache_store_specs", "open_redis"]
+
+#: The environment variable a Redis password is read from unless ``?password_env=`` names another.
+DEFAULT_PASSWORD_ENV = "KVCACHE_REDIS_PASSWORD"
+
+_T = TypeVar("_T")
+_OPTIONS = ("timeout", "connect_timeout", "password_env", "prefix")
+
+
+class RedisStore:
+    """Values under prefixed keys of one Redis (or Valkey) database; see the module doc.
+
+    :param client: A connected ``redis.Redis``, as ``open_redis`` builds it.
+    :param where: ``redis://host:port/db`` without credentials, for messages.
+    :param prefix: Prepended to every key.
+    :param timeout: The socket timeout, for messages.
+    """
+
+    def __init__(
+        self, client: Any, *, where: str, prefix: str = "kvcache:", timeout: float = 5.0
+    ) -> None:
+        self._client = client
+        self.where = where
+        self.prefix = prefix
+        self.timeout = timeout
+
+    def __repr__(self) -> str:
+        return f"RedisStore({self.where})"
+
+    def _call(self, what: str, action: Callable[[], _T]) -> _T:
+        import redis
+
+        try:
+            return action()
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
+            raise StoreUnavailableError(
+                f"{self.where} did not answer {what} (timeout {self.timeout:g} s): "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
+        except redis.exceptions.RedisError as exc:
+            raise StoreError(f"{self.where} refused {what}: {type(exc).__name__}: {exc}") from None
+
+    def _key(self, key: str) -> str:
+        return self.prefix + check_key(key)
+
+    def put(self, key: str, value: bytes, *, ttl: float | None = None) -> None:
+        """``SET`` (with ``PX`` when ``ttl`` is given): atomic on the server."""
+        self.put_many({key: value}, ttl=ttl)
+
+    def get(self, key: str) -> bytes | None:
+        """``GET``: the value, or None."""
+        name = self._key(key)
+        value = self._call(f"GET {key!r}", lambda: self._client.get(name))
+        return None if value is None else bytes(value)
+
+    def delete(self, key: str) -> bool:
+        """``DEL``: True when the key held a value."""
+        return self.delete_many([key]) == 1
+
+    def exists(self, key: str) -> bool:
+        """``EXISTS``."""
+        name = self._key(key)
+        return bool(self._call(f"EXISTS {key!r}", lambda: self._client.exists(name)))
+
+    def put_many(self, items: Mapping[str, bytes], *, ttl: float | None = None) -> None:
+        """Every ``SET`` in one ``MULTI``/``EXEC``: all stored or, on failure, none."""
+        seconds = check_ttl(ttl)
+        checked = [(self._key(k), check_value(v)) for k, v in items.items()]
+        if not checked:
+            return
+        px = None if seconds is None else max(1, round(seconds * 1000))
+        if len(checked) == 1:
+            name, value = checked[0]
+            self._call(
+                f"SET {name[len(self.prefix) :]!r}", lambda: self._client.set(name, value, px=px)
+            )
+            return
+
+        def transaction() -> None:
+            pipe = self._client.pipeline(transaction=True)
+            for name, value in checked:
+                pipe.set(name, value, px=px)
+            pipe.execute()
+
+        self._call(f"SET of {len(checked)} keys", transaction)
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        """One ``MGET``."""
+        names = [self._key(k) for k in keys]
+        if not names:
+            return []
+        values = self._call(f"MGET of {len(names)} keys", lambda: self._client.mget(names))
+        return [None if v is None else bytes(v) for v in values]
+
+    def delete_many(self, keys: Sequence[str]) -> int:
+        """One ``DEL``; how many keys held a value."""
+        names = [self._key(k) for k in keys]
+        if not names:
+            return 0
+        return int(self._call(f"DEL of {len(names)} keys", lambda: self._client.delete(*names)))
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._client.close()
+
+
+def _seconds(options: dict[str, list[str]], name: str, default: float) -> float:
+    raw = options.get(name, [str(default)])[-1]
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < 3600:
+        raise StoreError(f"redis URL option {name}={raw!r} must be seconds in (0, 3600)")
+    return value
+
+
+def open_redis(url: str) -> RedisStore:
+    """Open ``redis://[USER@]HOST[:PORT][/DB][?timeout=S&connect_timeout=S&password_env=VAR&prefix=P]``
+    (``rediss://`` for TLS). The password is read from the environment only.
+
+    :raises StoreError: A malformed URL, a password in the URL, an unknown option, or redis-py
+        not installed (``pip install 'kvcache[redis]'``).
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss"):
+        raise StoreError(f"not a redis:// or rediss:// URL (scheme {parts.scheme!r})")
+    if parts.password is not None:
+        raise StoreError(
+            "the redis URL carries a password: kvcache reads it from the environment "
+            f"(${DEFAULT_PASSWORD_ENV}, or ?password_env=NAME) so it never appears in a URL, "
+            "a log or a process list"
+        )
+    options = parse_qs(parts.query, keep_blank_values=True)
+    unknown = sorted(set(options) - set(_OPTIONS))
+    if unknown:
+        raise StoreError(f"redis URL option(s) {unknown} unknown; known: {', '.join(_OPTIONS)}")
+    try:
+        port = parts.port or 6379
+    except ValueError as exc:
+        raise StoreError(f"redis URL port: {exc}") from None
+    path = parts.path.strip("/") or "0"
+    if not path.isdigit():
+        raise StoreError(f"redis URL database must be a number, got {path!r}")
+    host = parts.hostname or "localhost"
+    timeout = _seconds(options, "timeout", 5.0)
+    connect_timeout = _seconds(options, "connect_timeout", 2.0)
+    env = options.get("password_env", [DEFAULT_PASSWORD_ENV])[-1]
+    password = os.environ.get(env) or None
+    prefix = options.get("prefix", ["kvcache:"])[-1]
+    try:
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+    except ImportError:
+        raise StoreError("the redis store needs redis-py: pip install 'kvcache[redis]'") from None
+    client = redis.Redis(
+        host=host,
+        port=port,
+        db=int(path),
+        username=parts.username or None,
+        password=password,
+        ssl=parts.scheme == "rediss",
+        socket_timeout=timeout,
+        socket_connect_timeout=connect_timeout,
+        # One immediate retry for a dropped connection (a restarted server); none for a
+        # timeout, so a hung server costs one timeout, not several.
+        retry=Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,)),
+    )
+    where = f"{parts.scheme}://{host}:{port}/{path}"
+    return RedisStore(client, where=where, prefix=prefix, timeout=timeout)
+
+
+@hookimpl
+def kvcache_store_specs() -> list[StoreSpec]:
+    """The ``redis`` store."""
+    return [
+        StoreSpec(
+            name="redis",
+            schemes=("redis", "rediss"),
+            factory=open_redis,
+            store_class=RedisStore,
+            description="Redis or Valkey via redis-py (password from $KVCACHE_REDIS_PASSWORD)",
+        )
+    ]

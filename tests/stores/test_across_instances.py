@@ -1,0 +1,93 @@
+"""Two engine instances through a store: tokens identical to one ample-memory instance for
+every built-in pool, and with the store killed mid-run no request is corrupted."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvcache_core import discover
+from kvcache_core.cli import main
+from kvcache_core.engine import DemoSettings
+from kvcache_core.engine.instances import run_across_instances
+from kvcache_core.stores.local_redis import LocalRedis
+
+SETTINGS = DemoSettings(requests=8, budget=64)
+
+
+def test_every_builtin_pool_moves_requests_and_keeps_its_tokens() -> None:
+    registry = discover()
+    reports = run_across_instances(registry, registry.names(), SETTINGS, "memory:across-test")
+    for r in reports:
+        assert r.status == "identical", r
+        assert r.moved > 0 and r.finished_on_b > 0 and r.bytes_moved > 0, r
+        assert r.finished_on_a + r.finished_on_b == SETTINGS.requests, r
+
+
+def test_killing_the_store_mid_run_corrupts_no_request(redis_server: LocalRedis) -> None:
+    """After the second snapshot moved, the server is killed: A keeps later retractions and
+    resumes them itself; B fails the requests it cannot read back, each alone and saying why;
+    every request that finishes has exactly the ample-memory tokens."""
+    registry = discover()
+
+    def kill_after_second(moved: int) -> None:
+        if moved == 2:
+            redis_server.kill()
+
+    [report] = run_across_instances(
+        registry, ["mha"], SETTINGS, redis_server.url, after_put=kill_after_second, threads=True
+    )
+    assert report.differing_requests == [], report
+    assert report.status in ("failed-requests", "identical"), report
+    assert report.moved == 2 and report.kept_local >= 1, report
+    assert len(report.failed_requests) <= 2
+    for why in report.failed_requests.values():
+        assert (
+            why.startswith("StoreUnavailableError: redis://127.0.0.1") and "did not answer" in why
+        )
+    done = report.finished_on_a + report.finished_on_b
+    assert done + len(report.failed_requests) == SETTINGS.requests
+
+
+def test_cli_across_processes_through_a_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(
+        [
+            "demo",
+            "--instances",
+            "2",
+            "--store",
+            f"dir:{tmp_path}/kv",
+            "--pool",
+            "mha",
+            "--requests",
+            "6",
+            "--budget",
+            "56",
+            "--format",
+            "json",
+        ]
+    )
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0 and doc["ok"], doc
+    [pool] = doc["pools"]
+    assert pool["status"] == "identical" and pool["moved"] > 0
+    assert list((tmp_path / "kv").iterdir()) == []  # B deleted every snapshot it resumed
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--instances", "3"], "--instances takes 1 or 2"),
+        (
+            ["--instances", "2", "--store", "ftp://x"],
+            "--store: no accepted snapshot store opens ftp:",
+        ),
+    ],
+)
+def test_cli_usage_errors(args: list[str], words: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--pool", "mha", *args]) == 2
+    assert words in capsys.readouterr().err
