@@ -87,12 +87,18 @@ class StoreCheckResult:
     """One check on one store: ``passed``, ``failed`` or ``skipped``, and why."""
 
     check: str
+    """The check's name, so a failure can be rerun alone."""
     url: str
+    """The store URL it ran against."""
     status: str
+    """``passed``, ``failed`` or ``skipped``."""
     message: str = ""
+    """Why it failed or was skipped (what the store did and what it should); empty on a pass."""
     seconds: float = 0.0
+    """Wall time the check took, to spot a store that is correct but slow (or timing out)."""
 
     def __str__(self) -> str:
+        """One report line: check, URL, status and the message when there is one."""
         tail = f": {self.message}" if self.message else ""
         return f"{self.check} [{self.url}] {self.status}{tail}"
 

@@ -42,10 +42,14 @@ class StorePlugin:
     """One entry point of the ``kvcache.stores`` group (or a plugin object passed directly)."""
 
     name: str
+    """The entry point's name, as rejections and ``kvcache list`` report it."""
     value: str
+    """What it points at (``module:attr``), so a failed import can be traced to its target."""
     distribution: str | None = None
+    """The installed distribution that ships it; None for a plugin object passed directly."""
 
     def __str__(self) -> str:
+        """The name and distribution, as rejection messages name the plugin."""
         return f"{self.name} ({self.distribution or 'no distribution'})"
 
 
@@ -54,7 +58,10 @@ class AcceptedStore:
     """A validated store kind and the plugin that provides it."""
 
     spec: StoreSpec
+    """The validated spec: what [`StoreRegistry.open`][kvcache_core.stores.StoreRegistry.open]
+    calls ``factory`` on."""
     plugin: StorePlugin
+    """Where the store came from, for ``kvcache list`` and error reports."""
 
 
 @dataclass(frozen=True)
@@ -67,10 +74,14 @@ class StoreRejection:
     """
 
     plugin: StorePlugin
+    """The entry point."""
     reason: str
+    """Why: an import error, a hook that raised, contract drift, a duplicate."""
     store: str | None = None
+    """The store's name when one store of the plugin was refused; None for the plugin."""
 
     def __str__(self) -> str:
+        """One line: which plugin (and store) and why, as ``kvcache list`` prints it."""
         what = (
             f"store {self.store!r} of plugin {self.plugin}"
             if self.store
@@ -89,8 +100,12 @@ class StoreRegistry:
     """
 
     accepted: dict[str, AcceptedStore] = field(default_factory=dict)
+    """Validated stores by name; the only ones ``open`` will build."""
     rejected: list[StoreRejection] = field(default_factory=list)
+    """Every refusal, in discovery order, kept to report rather than raised so one broken
+    plugin never stops the others from loading."""
     skipped: list[tuple[StorePlugin, str]] = field(default_factory=list)
+    """Plugins not loaded because of the allow or deny list, with why."""
 
     def names(self) -> list[str]:
         """The accepted stores' names, sorted."""

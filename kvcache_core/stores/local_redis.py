@@ -43,11 +43,15 @@ class LocalRedis:
             raise FileNotFoundError(
                 "redis-server is not installed (Debian: apt-get install redis-server)"
             )
-        self.exe = exe
+        self._exe = exe
         self.port = _free_port()
+        """The free 127.0.0.1 port it listens on, kept across ``restart`` so a store's URL
+        stays valid through an outage."""
         self.timeout = timeout
-        self.workdir = tempfile.mkdtemp(prefix="kvcache-redis-")
-        self.proc: subprocess.Popen[bytes] | None = None
+        """The per-call timeout ``url`` sets, in seconds (the battery's outage checks wait
+        for it to expire)."""
+        self._workdir = tempfile.mkdtemp(prefix="kvcache-redis-")
+        self._proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
@@ -57,7 +61,7 @@ class LocalRedis:
     def start(self) -> LocalRedis:
         """Start the server and wait until it answers ``PING`` (at most 10 s)."""
         args = [
-            self.exe,
+            self._exe,
             "--port",
             str(self.port),
             "--bind",
@@ -67,15 +71,15 @@ class LocalRedis:
             "--appendonly",
             "no",
             "--dir",
-            self.workdir,
+            self._workdir,
             "--protected-mode",
             "no",
         ]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self._proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited with {self.proc.returncode} at start")
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited with {self._proc.returncode} at start")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
                     s.sendall(b"PING\r\n")
@@ -87,8 +91,8 @@ class LocalRedis:
         raise RuntimeError("redis-server did not answer PING within 10 s")
 
     def _signal(self, sig: int) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, sig)
+        if self._proc is not None and self._proc.poll() is None:
+            os.kill(self._proc.pid, sig)
 
     def pause(self) -> None:
         """``SIGSTOP``: the server stops answering, its connections stay open."""
@@ -100,9 +104,9 @@ class LocalRedis:
 
     def kill(self) -> None:
         """``SIGKILL`` and reap: the server is gone at once, as in a crash."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
 
     def restart(self) -> None:
         """Start again at the same port after ``kill`` (empty: nothing is persisted)."""
@@ -113,10 +117,12 @@ class LocalRedis:
         """Kill the server and remove its working directory."""
         self.resume()
         self.kill()
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        shutil.rmtree(self._workdir, ignore_errors=True)
 
     def __enter__(self) -> LocalRedis:
+        """Start the server (as ``start``) and return it."""
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
+        """Stop the server and remove its directory, even when the block raised."""
         self.stop()

@@ -62,7 +62,6 @@ class SnapshotStore(Protocol):
         ...
 
 
-#: The Protocol's members, in the order discovery checks them.
 STORE_METHODS: tuple[str, ...] = (
     "put",
     "get",
@@ -73,6 +72,9 @@ STORE_METHODS: tuple[str, ...] = (
     "delete_many",
     "close",
 )
+"""The [`SnapshotStore`][kvcache_core.stores.SnapshotStore] methods, in the order discovery
+checks a plugin's ``store_class`` for them: one list, so the Protocol, discovery's drift check
+and its rejection message cannot disagree about what a store must implement."""
 
 StoreFactory = Callable[[str], SnapshotStore]
 """Builds a store from its URL (``memory:``, ``dir:/var/kv``, ``redis://host:6379/0``)."""
@@ -96,10 +98,27 @@ class StoreSpec:
     """
 
     name: str
+    """The store's name (``memory``, ``dir``, ``redis``), unique among plugins: the key of
+    [`StoreRegistry.accepted`][kvcache_core.stores.StoreRegistry.accepted] and what reports
+    call the store."""
     schemes: tuple[str, ...]
+    """URL schemes it opens (``redis`` and ``rediss``), unique among plugins: how
+    [`StoreRegistry.open`][kvcache_core.stores.StoreRegistry.open] picks this store for a URL."""
     factory: StoreFactory
+    """Builds an open store from a URL of one of those schemes."""
     store_class: type
+    """The class ``factory`` returns: discovery checks its methods against
+    [`SnapshotStore`][kvcache_core.stores.SnapshotStore] before the store is accepted, so drift
+    is caught at load time rather than on the first retraction."""
     description: str = ""
+    """One line for ``kvcache list`` and the docs."""
     shared: bool = True
+    """True when two processes opening the same URL see the same keys: the battery's
+    concurrency checks then use separate processes, otherwise threads sharing one store (the
+    in-process ``memory:`` store is not shared)."""
     supports_ttl: bool = True
+    """Whether ``put(..., ttl=...)`` expires values; the battery skips its expiry checks
+    otherwise, and such a store raises ``StoreError`` for a ``ttl``."""
     example_url: str | None = None
+    """A URL the battery may open when none is given; None when a URL is needed (e.g. a
+    server's address)."""
