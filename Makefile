@@ -28,8 +28,9 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
+# Two workers (pytest-xdist): the suite is CPU-bound and every test file is independent.
 unit: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2
 
 test: lint typecheck unit
 

@@ -95,7 +95,7 @@ def slot_orders(
     followed by fresh pages, a retraction of tokens the scheduler chose, a batch of requests
     concatenated). A pool that only misbehaves for an order its own allocator never produces
     must still be caught. ``slots`` must hold at least ``2 * page`` slots starting at a page
-    boundary (what :func:`allocate` returns for that many tokens).
+    boundary (what `allocate` returns for that many tokens).
     """
     n = slots.numel()
     run = slots[1 : min(n, 6)]
