@@ -6,11 +6,11 @@ from __future__ import annotations
 import contextlib
 import json
 import struct
-import zlib
 
 import pytest
 import safetensors.torch
 import torch
+import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -242,10 +242,10 @@ def _rewrite(blob: bytes, edit) -> bytes:  # type: ignore[no-untyped-def]
     edit(doc, header)
     meta_doc = json.dumps(doc, separators=(",", ":"))
     table = {k: v for k, v in header.items() if k != "__metadata__"}
-    crc = zlib.crc32(
-        blob[8 + n :], zlib.crc32((meta_doc + json.dumps(table, separators=(",", ":"))).encode())
-    )
-    header["__metadata__"] = {"kvcache": meta_doc, "kvcache.checksum": f"crc32:{crc:08x}"}
+    digest = xxhash.xxh3_64((meta_doc + json.dumps(table, separators=(",", ":"))).encode())
+    digest.update(blob[8 + n :])
+    checksum = f"xxh3_64:{digest.hexdigest()}"
+    header["__metadata__"] = {"kvcache": meta_doc, "kvcache.checksum": checksum}
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-(8 + len(text)) % 16)
     return struct.pack("<Q", len(text)) + text + blob[8 + n :]
@@ -310,7 +310,10 @@ SNAP = KVSnapshot("mha", torch.float32, 2, {"k": torch.ones(2, 3)}, meta={"layer
             "starts at byte 4",
         ),
         (SNAP.to_bytes() + b"tail", "oversized: 4 bytes after the last tensor"),
-        (SNAP.to_bytes().replace(b"crc32:", b"crc32:0", 1), "header is not JSON|malformed|foreign"),
+        (
+            SNAP.to_bytes().replace(b"xxh3_64:", b"xxh3_64:0", 1),
+            "header is not JSON|malformed|foreign",
+        ),
     ],
 )
 def test_bad_blobs_are_refused_with_the_reason(blob: bytes, words: str) -> None:
