@@ -481,7 +481,8 @@ class SWASlotAllocator(CompositeAllocator[_Held]):
         table = self.full_to_swa_index_mapping.clone()
         try:
             self._match_window_slots(checked.slots, checked.mask)
-            self._kvcache.load_cpu_copy(snapshot, indices, mamba_indices=mamba_indices)
+            with self._kvcache.trusting(checked):  # checked once, above: not again
+                self._kvcache.load_cpu_copy(snapshot, indices, mamba_indices=mamba_indices)
         except BaseException:
             self.swa_attn_allocator.restore_state(state)
             self.full_to_swa_index_mapping.copy_(table)
