@@ -78,6 +78,8 @@ _MAX_PENDING_IDS = 16384
 _SERIAL_OP_SIZE = 32768
 _TENSOR = torch.Tensor
 _INT64 = torch.int64
+#: Ids split at once into one-id views for ``alloc(1)`` (see ``_FreeIds.take_one``).
+_SINGLES_BLOCK = 64
 
 SettleListener = Callable[[list[torch.Tensor], list[torch.Tensor], frozenset[int]], None]
 """What [`PagedSlotAllocator.on_settled`][kvcache_core.PagedSlotAllocator.on_settled] is called
@@ -148,6 +150,12 @@ class _FreeIds:
     freeing it is refused). ``take`` only records what it handed out; both directions are
     applied in bulk with ``index_add_``, and a returned batch is good exactly when every one of
     its ids then reads 1: a repeated id or an id that was already free reads 2 or more.
+
+    Single ids (``alloc(1)``, a decode step at page size 1) come from a block of the top chunk
+    split into one-id views at once (``take_one``): one torch call per 64 ids instead of one
+    per id, which is most of what an ``alloc(1)`` costs. The block is taken off the stack when
+    it is split and whatever is left of it goes back (``_flush_singles``) before anything else
+    reads or changes the stack, so order, marks and backups are exactly as without it.
     """
 
     def __init__(self, count: int) -> None:
@@ -159,10 +167,16 @@ class _FreeIds:
         self._chunks: list[torch.Tensor] = []
         self._start = 0
         self._taken: list[torch.Tensor] = []
+        # one-id views of ``_block`` not handed out yet, the next one last (see the class doc)
+        self._singles: list[torch.Tensor] = []
+        self._block: torch.Tensor | None = None
+        self._block_popped = False  # whether the block was the whole rest of its chunk
         self.top = 0  # how many ids are free
         self.reset()
 
     def reset(self) -> None:
+        self._singles = []
+        self._block = None
         self._chunks = [torch.arange(1, self.count + 1, dtype=torch.int64)]
         self._start = 0  # ids before this offset in the top chunk are handed out
         self.is_free.fill_(1)
@@ -171,6 +185,8 @@ class _FreeIds:
 
     def take(self, n: int) -> torch.Tensor:
         """``n`` free ids (the caller checked ``n <= top``)."""
+        if self._block is not None:
+            self._flush_singles()
         if n == 0:
             return torch.empty(0, dtype=torch.int64)
         chunks = self._chunks
@@ -203,6 +219,50 @@ class _FreeIds:
         self._taken.append(ids)
         return ids
 
+    def take_one(self) -> torch.Tensor:
+        """One free id as a 1-element tensor (the caller checked ``top >= 1``)."""
+        if not self._singles:
+            self._split_block()
+        self.top -= 1
+        return self._singles.pop()
+
+    def _split_block(self) -> None:
+        """Split up to ``_SINGLES_BLOCK`` ids of the top chunk into one-id views."""
+        self._flush_singles()
+        chunks = self._chunks
+        chunk = chunks[-1]
+        start = self._start
+        left = chunk.numel() - start
+        k = min(left, _SINGLES_BLOCK)
+        block = chunk if not start and k == left else chunk.narrow(0, start, k)
+        if k == left:  # the whole rest of the chunk
+            chunks.pop()
+            self._start = 0
+        else:
+            self._start = start + k
+        self._block_popped = k == left
+        self._block = block
+        singles = list(block.reshape(k, 1).unbind(0))
+        singles.reverse()
+        self._singles = singles
+
+    def _flush_singles(self) -> None:
+        """Record the block's handed-out ids as taken and put the rest back on the stack."""
+        block = self._block
+        if block is None:
+            return
+        self._block = None
+        remaining = len(self._singles)
+        consumed = block.numel() - remaining
+        if consumed:
+            self._taken.append(block.narrow(0, 0, consumed) if remaining else block)
+        if remaining:
+            self._singles = []
+            if self._block_popped:  # nothing went above it since: it is the top again
+                self._chunks.append(block.narrow(0, consumed, remaining))
+            else:
+                self._start -= remaining
+
     def _ones_of(self, n: int) -> torch.Tensor:
         """``n`` ones (a view of a preallocated buffer when it is long enough)."""
         if n <= self._ones.numel():
@@ -211,6 +271,8 @@ class _FreeIds:
 
     def sync_marks(self) -> None:
         """Mark everything handed out since the last sync as not free."""
+        if self._block is not None:
+            self._flush_singles()
         if self._taken:
             taken = self._taken[0] if len(self._taken) == 1 else torch.cat(self._taken)
             self._taken.clear()
@@ -322,6 +384,8 @@ class _FreeIds:
 
     def _seal_top(self) -> None:
         """Cut the consumed head off the top chunk before another chunk goes above it."""
+        if self._block is not None:
+            self._flush_singles()
         if self._start:
             top = self._chunks.pop()
             if top.numel() > self._start:
@@ -335,6 +399,8 @@ class _FreeIds:
 
     def restore(self, state: tuple[tuple[torch.Tensor, ...], int]) -> None:
         chunks, top = state
+        self._singles = []
+        self._block = None
         self._chunks = list(chunks)
         self._start = 0
         self.top = top
@@ -484,6 +550,15 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
         """``need_size`` slots (whole pages), or None when they do not fit; never partial."""
+        if need_size == 1 and self.page_size == 1 and self._on_host:
+            # A decode step at page size 1: a one-id view split ahead, no torch call.
+            free = self._free
+            singles = free._singles
+            if singles:
+                free.top -= 1
+                return singles.pop()
+            if free.top:
+                return free.take_one()
         page_size = self.page_size
         pages, rest = divmod(need_size, page_size)
         if rest or need_size < 0:
