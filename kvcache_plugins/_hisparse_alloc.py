@@ -70,6 +70,14 @@ class HiSparseSlotAllocator(CompositeAllocator[None], ForwardsOffload):
         self._page_map[0] = 0
         self.logical_to_device = empty_logical_to_device(self.size + self.page_size, kvcache.device)
         kvcache.register_logical_to_device(self.logical_to_device)
+        # Page size 1 with the table on the host: a free drops residency by the call's ids
+        # directly (see hold); the padding row 0 is put back to 0 afterwards.
+        on_host = kvcache.device.type == "cpu" and self.page_size == 1
+        self._direct_table = self.logical_to_device  # the fast path serves this table only
+        self._direct_rows = self.logical_to_device[:-1] if on_host else None
+        self._padding_row = self.logical_to_device[:1]
+        # what those rows become (index_copy_ refuses negative ids; index_fill_ would wrap them)
+        self._no_device = torch.full((min(self.size + 1, 16384) if on_host else 0,), -1)
 
     # -- sizes -----------------------------------------------------------------------------
     def available_size(self) -> int:
@@ -92,6 +100,8 @@ class HiSparseSlotAllocator(CompositeAllocator[None], ForwardsOffload):
 
     # -- residency bookkeeping --------------------------------------------------------------
     def _slots_of(self, pages: torch.Tensor) -> torch.Tensor:
+        if self.page_size == 1:
+            return pages  # a page is a slot
         return (pages[:, None] * self.page_size + self._offsets).reshape(-1)
 
     def _non_resident(self, pages: torch.Tensor) -> torch.Tensor:
@@ -118,9 +128,11 @@ class HiSparseSlotAllocator(CompositeAllocator[None], ForwardsOffload):
         dev_pages = self._device.take_pages(pages.numel())  # host ids: nothing read back
         if dev_pages is None:  # pragma: no cover - callers check room first
             raise AllocatorError("device side ran out of pages during a checked allocation")
-        self._page_map[pages] = dev_pages
+        self._page_map.index_copy_(0, pages, dev_pages)
         table = self.logical_to_device
-        table[self._slots_of(pages).to(table.device)] = self._slots_of(dev_pages).to(table.device)
+        table.index_copy_(
+            0, self._slots_of(pages).to(table.device), self._slots_of(dev_pages).to(table.device)
+        )
         if live is None or live.numel() == 0:
             return
         filled = torch.isin(pages, live)
@@ -276,6 +288,20 @@ class HiSparseSlotAllocator(CompositeAllocator[None], ForwardsOffload):
     def hold(self, call: torch.Tensor) -> None:
         """Drop the device-table residency of the call's pages now (the host page table keeps
         naming their device pages until the verdict)."""
+        direct = self._direct_rows
+        n = call.numel()
+        if (
+            direct is not None
+            and n <= self._no_device.numel()
+            and self._direct_table is self.logical_to_device
+        ):
+            try:  # index_copy_ refuses an id out of range, negative ones too
+                direct.index_copy_(0, call, self._no_device.narrow(0, 0, n))
+            except (IndexError, RuntimeError):
+                self._padding_row.fill_(0)  # the general path below leaves bad ids out
+            else:
+                self._padding_row.fill_(0)  # slot 0 (refused at the settle) stays padding
+                return
         table = self.logical_to_device
         ids = call if call.device == table.device else call.to(table.device)
         P, limit = self.page_size, self.size + self.page_size

@@ -100,6 +100,15 @@ class SWASlotAllocator(CompositeAllocator[_Held]):
         )
         self.full_to_swa_index_mapping[-1] = -1
         kvcache.register_mapping(self.full_to_swa_index_mapping)
+        self.free_call_device = kvcache.device  # free calls are read against the table
+        # Page size 1 with the table on the host: a free reads and clears the table by the
+        # call's ids directly (two torch calls; see hold), as long as this is the table.
+        self._direct_table = self.full_to_swa_index_mapping
+        self._direct_rows: torch.Tensor | None = (
+            self.full_to_swa_index_mapping[:-1]
+            if page_size == 1 and kvcache.device.type == "cpu"
+            else None
+        )
 
     # -- sizes --------------------------------------------------------------------------------
     def available_size(self) -> int:
@@ -123,7 +132,7 @@ class SWASlotAllocator(CompositeAllocator[_Held]):
         mapping = self.full_to_swa_index_mapping
         device = mapping.device
         full = full if full.device == device else full.to(device)
-        mapping[full] = swa if swa.device == device else swa.to(device)
+        mapping.index_copy_(0, full, swa if swa.device == device else swa.to(device))
 
     def translate_loc_from_full_to_swa(self, kv_indices: torch.Tensor) -> torch.Tensor:
         """Window slots of full slots (0: none; -1, an absent ``last_loc``, stays -1)."""
@@ -351,20 +360,18 @@ class SWASlotAllocator(CompositeAllocator[_Held]):
         """
         super().free(indices)
 
-    def own_free_call(self, indices: torch.Tensor) -> torch.Tensor:
-        """A copy of ``indices`` on the table's device (dtype and rank checked only: the values
-        are the full side's settle's to check)."""
-        slots = check_slots(
-            indices,
-            limit=self.full_size + self.page_size,
-            allow_zero=True,
-            device=self.full_to_swa_index_mapping.device,
-            check_values=False,
-        )
-        return slots.clone()  # owned: the caller may reuse ``indices``
-
     def hold(self, call: torch.Tensor) -> _Held:
         """Clear the call's table entries now and keep the window slots they held."""
+        direct = self._direct_rows
+        if direct is not None and self._direct_table is self.full_to_swa_index_mapping:
+            try:  # index_select refuses an id out of range (negative ones too)
+                window = torch.index_select(direct, 0, call)
+            except (IndexError, RuntimeError):
+                pass  # the general path below leaves bad ids out
+            else:
+                # slot 0 (refused at the settle) reads and writes the table's row 0, always 0
+                direct.index_fill_(0, call, 0)
+                return call, window
         mapping = self.full_to_swa_index_mapping
         rows, valid = self._rows_of(call)
         before = mapping[rows]
@@ -393,6 +400,13 @@ class SWASlotAllocator(CompositeAllocator[_Held]):
 
         Host syncs: one read of what every call of the batch holds, plus, only when a call was
         rejected, one read of the table at the rejected calls' rows."""
+        if not any(s.rejected for s in settled):  # the common batch: release every window slot
+            windows = [s.held[1] for s in settled]
+            window = (windows[0] if len(windows) == 1 else torch.cat(windows)).to(_CPU)
+            freed = torch.masked_select(window, window > 0)
+            if freed.numel():
+                self.swa_attn_allocator.free(freed)
+            return
         mapping = self.full_to_swa_index_mapping
         held = _host_pairs([s.held for s in settled])
         release: list[torch.Tensor] = []

@@ -70,19 +70,30 @@ class CompositeAllocator(FreeGroup, Generic[HeldT]):
         # the call alive, so its id stays unique until the verdict.
         self._held: dict[int, tuple[torch.Tensor, HeldT]] = {}
         primary.on_settled = self._settled
+        self.free_call_device: torch.device = primary.device
+        """Where `own_free_call` puts its copy (the primary's device unless a subclass keeps
+        its tables elsewhere)."""
 
     # -- hooks a subclass provides -------------------------------------------------------------
     def own_free_call(self, indices: torch.Tensor) -> torch.Tensor:
         """A checked copy of a ``free`` argument: 1-D int64 on the primary's device, never
         written again. Only dtype and rank are checked (the values are the primary's settle's
         to check, in a batch); the copy is what makes a caller's reuse of ``indices`` safe."""
+        device = self.free_call_device
+        if (
+            type(indices) is torch.Tensor
+            and indices.dtype is torch.int64
+            and indices.dim() == 1
+            and indices.device == device
+        ):
+            return indices.clone()  # the common call: nothing to convert
         primary = self.primary
         return check_slots(
             indices,
             limit=primary.size + primary.page_size,
             allow_zero=True,
             check_values=False,
-            device=primary.device,
+            device=device,
         ).clone()
 
     def hold(self, call: torch.Tensor) -> HeldT:

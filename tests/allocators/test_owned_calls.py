@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvcache_core import DoubleFreeError
+from kvcache_core import DoubleFreeError, InvalidSlotError
 
 from . import _factories as fx
 
@@ -100,3 +100,36 @@ def test_hisparse_decode_counts_the_evicted_partial_page_in_its_room_check():
     last = torch.tensor([int(request[-1])])
     assert alloc.alloc_decode(torch.tensor([7]), last) is None
     assert _sizes(alloc) == before
+
+
+def _table(alloc):
+    if hasattr(alloc, "full_to_swa_index_mapping"):
+        return alloc.full_to_swa_index_mapping
+    return alloc.logical_to_device
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize(
+    "bad", [0, -3, "wraps onto a held row", "one past the last row", "sentinel row"]
+)
+@pytest.mark.parametrize("kind", ["swa", "hisparse"])
+def test_a_refused_free_leaves_every_table_row_as_it_was(kind, bad, page_size):
+    """A free naming a bad id beside a held one is refused at the settle; meanwhile the table
+    (window slots, device residency) must not change at any row it does not own: not the
+    padding row 0, not the trailing -1, not a row a negative id would wrap around to."""
+    alloc = fx.swa_alloc(64, 64, page_size) if kind == "swa" else fx.hisparse_alloc(64, page_size)
+    held = alloc.alloc(4 * page_size)
+    table = _table(alloc)
+    before = table.clone()
+    rows = table.numel()
+    bad_id = {
+        "wraps onto a held row": int(held[1]) - (rows - 1),  # negative: -k is row rows-1-k
+        "one past the last row": rows,
+        "sentinel row": rows - 1,
+    }.get(bad, bad)
+    alloc.free(torch.tensor([int(held[0]), bad_id]))
+    with pytest.raises((DoubleFreeError, InvalidSlotError)):
+        alloc.check_frees()
+    assert torch.equal(table, before)
+    alloc.free(held)  # the refused call freed nothing: every slot is still held
+    alloc.check_frees()
