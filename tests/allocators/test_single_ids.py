@@ -22,7 +22,7 @@ class SinglesAgreeWithTheGeneralPath(RuleBasedStateMachine):
         super().__init__()
         self.fast, self.plain = fx.paged(200, 1), fx.paged(200, 1)
         self.held: list[torch.Tensor] = []
-        self.states: list[tuple[object, object, int]] = []
+        self.states: list[tuple[object, object, list[torch.Tensor]]] = []
 
     def _both(self, fast: torch.Tensor | None, plain: torch.Tensor | None) -> None:
         assert (fast is None) == (plain is None)
@@ -54,7 +54,8 @@ class SinglesAgreeWithTheGeneralPath(RuleBasedStateMachine):
 
     @rule()
     def backup(self) -> None:
-        self.states.append((self.fast.backup_state(), self.plain.backup_state(), len(self.held)))
+        state = (self.fast.backup_state(), self.plain.backup_state(), list(self.held))
+        self.states.append(state)
 
     @rule()
     def restore(self) -> None:
@@ -62,7 +63,7 @@ class SinglesAgreeWithTheGeneralPath(RuleBasedStateMachine):
             fast, plain, held = self.states.pop()
             self.fast.restore_state(fast)
             self.plain.restore_state(plain)
-            del self.held[held:]  # what was allocated since is free again
+            self.held = held  # what was held at the backup, and only that, is held again
             self.states.clear()  # older states may name frees that were undone
 
     @rule()
