@@ -8,7 +8,12 @@ Figures (issue 9, part 3), each the median of interleaved runs in this process:
   ``sglang`` is importable (``make interop`` builds a venv that has it); the eager-checks
   variant and the naive ``torch.cat`` free list, informational.
 - The SWA and HiSparse allocators' cycles against the same algorithm on two sides
-  (:class:`SglangPairedAlgorithm`), informational: the issue sets no target for them.
+  (:class:`SglangPairedAlgorithm`), target >= 2x (issue 18); SWA's also against sglang's real
+  ``SWATokenToKVPoolAllocator`` when ``sglang`` is importable, target >= 2x.
+- A decode step (issue 18): 64 requests, one new token each, ``alloc(1)`` per request at page
+  size 1, against sglang's real token allocator (and its algorithm), target >= 2x; and
+  ``alloc_decode`` of 64 requests at page size 16 against the code before issue 18
+  (:func:`_decode_before_issue_18`, kept here as the baseline), target >= 2x.
 - Host syncs per ``alloc`` and ``free`` call of every allocator, and per settle, counted with
   the CUDA-free proxy the tests use (:mod:`kvcache_core._host_syncs`).
 """
@@ -26,6 +31,8 @@ from _report import figure, informational, interleaved, median_of
 
 TARGET_RATIO = 3.5  # vs sglang's algorithm (issue 9)
 TARGET_RATE = 290e3  # cycles/s on the issue's machine
+TARGET_COMPOSITE = 2.0  # SWA / HiSparse alloc+free vs sglang (issue 18)
+TARGET_DECODE = 2.0  # 64 x alloc(1) vs sglang's token allocator (issue 18)
 
 
 class NaiveFreeList:
@@ -133,15 +140,27 @@ class SglangPairedAlgorithm:
 
 
 def _import_sglang_token_allocator() -> Any:
-    """sglang's ``TokenToKVPoolAllocator`` class. A plain import first; when that fails for a
-    missing dependency (the interop venv installs sglang with ``--no-deps``: no triton), with
-    the interop run's stand-ins for those modules (``interop/_stubs.py``, same settings as
-    ``interop/differential.py``), which are taken off ``sys.meta_path`` again right after the
-    import so that later sections import as usual."""
-    try:
-        from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+    """sglang's ``TokenToKVPoolAllocator`` class (see :func:`_import_sglang`)."""
+    return _import_sglang()[0]
 
-        return TokenToKVPoolAllocator
+
+def _import_sglang() -> tuple[Any, Any, Any]:
+    """sglang's ``TokenToKVPoolAllocator``, ``SWATokenToKVPoolAllocator`` and ``SWAKVPool``
+    classes. A plain import first; when that fails for a missing dependency (the interop venv
+    installs sglang with ``--no-deps``: no triton), with the interop run's stand-ins for those
+    modules (``interop/_stubs.py``, same settings as ``interop/differential.py``), which are
+    taken off ``sys.meta_path`` again right after the import so that later sections import as
+    usual."""
+
+    def load() -> tuple[Any, Any, Any]:
+        from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
+        from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+        from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+
+        return TokenToKVPoolAllocator, SWATokenToKVPoolAllocator, SWAKVPool
+
+    try:
+        return load()
     except ImportError:
         pass
     import sys
@@ -156,9 +175,7 @@ def _import_sglang_token_allocator() -> Any:
     before = list(sys.meta_path)
     _stubs.install(hollow=_stubs.SGLANG_HOLLOW, forced=_stubs.SGLANG_FORCED)
     try:
-        from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
-
-        return TokenToKVPoolAllocator
+        return load()
     finally:
         sys.meta_path[:] = before
         sys.path.remove(str(interop))
@@ -166,12 +183,19 @@ def _import_sglang_token_allocator() -> Any:
 
 def _real_sglang() -> tuple[Callable[[int], Any] | None, str]:
     """sglang's own token allocator when ``sglang`` is installed (and a note either way)."""
+    token, _swa, note = _real_sglang_pair()
+    return token, note
+
+
+def _real_sglang_pair() -> tuple[Callable[[int], Any] | None, Callable[[int], Any] | None, str]:
+    """Builders of sglang's own token and SWA allocators when ``sglang`` is installed (and a
+    note either way). Both with ``need_sort=True``, sglang's setting for its paged path."""
     import importlib.util
 
     if importlib.util.find_spec("sglang") is None:
-        return None, "sglang is not installed here (make interop builds a venv with it)"
+        return None, None, "sglang is not installed here (make interop builds a venv with it)"
     try:
-        allocator = _import_sglang_token_allocator()
+        allocator, swa_allocator, swa_pool = _import_sglang()
         import sglang
 
         version = getattr(sglang, "__version__", "?")
@@ -179,11 +203,28 @@ def _real_sglang() -> tuple[Callable[[int], Any] | None, str]:
         def make(size: int) -> Any:
             return allocator(size, torch.float32, "cpu", None, True)  # need_sort=True
 
+        def make_swa(size: int) -> Any:
+            pool = swa_pool(
+                size=size,
+                size_swa=size,
+                page_size=1,
+                dtype=torch.float32,
+                head_num=1,
+                head_dim=1,
+                swa_attention_layer_ids=[1],
+                full_attention_layer_ids=[0],
+                enable_kvcache_transpose=False,
+                device="cpu",
+            )
+            return swa_allocator(size, size, 1, torch.float32, "cpu", pool, need_sort=True)
+
         probe = make(16)
         probe.free(probe.alloc(4))
+        probe = make_swa(16)
+        probe.free(probe.alloc(4))
     except Exception as exc:  # an incomplete install: say so, measure the rest
-        return None, f"sglang is installed but its allocator did not load: {exc!r}"[:160]
-    return make, f"sglang {version}"
+        return None, None, f"sglang is installed but its allocators did not load: {exc!r}"[:160]
+    return make, make_swa, f"sglang {version}"
 
 
 def _config(kind: str, size: int, page_size: int) -> Any:
@@ -225,7 +266,7 @@ def _rate_table(quick: bool, repeat: int) -> None:
         f"== allocator: alloc({chunk}) + free({chunk}), {size} slots, {cycles} cycles, "
         f"median of {repeat} interleaved runs, {torch.get_num_threads()} threads, load {load}"
     )
-    real, real_note = _real_sglang()
+    real, real_swa, real_note = _real_sglang_pair()
     makers: dict[str, Callable[[], Any]] = {
         "kvcache": lambda: PagedSlotAllocator(size, 1, pool),
         "sglang algorithm": lambda: SglangAlgorithm(size),
@@ -237,10 +278,13 @@ def _rate_table(quick: bool, repeat: int) -> None:
     }
     if real is not None:
         makers["sglang real"] = lambda: real(size)
+    if real_swa is not None:
+        makers["sglang real swa"] = lambda: real_swa(size)
     composite_cycles = max(cycles // 4, 200)
+    composites = ("swa", "hisparse", "sglang paired", "sglang real swa")
 
     def run(name: str, make: Callable[[], Any]) -> Callable[[], None]:
-        n = composite_cycles if name in ("swa", "hisparse", "sglang paired") else cycles
+        n = composite_cycles if name in composites else cycles
         fresh = [make() for _ in range(repeat)]  # built outside the timed region
 
         def cycle() -> None:
@@ -252,8 +296,9 @@ def _rate_table(quick: bool, repeat: int) -> None:
 
     times = median_of(interleaved({name: run(name, make) for name, make in makers.items()}, repeat))
     rate = {name: cycles / t for name, t in times.items()}
-    for name in ("swa", "hisparse", "sglang paired"):
-        rate[name] = composite_cycles / times[name]
+    for name in composites:
+        if name in times:
+            rate[name] = composite_cycles / times[name]
 
     def k(name: str) -> str:
         return f"{rate[name] / 1e3:.1f}k/s"
@@ -298,13 +343,190 @@ def _rate_table(quick: bool, repeat: int) -> None:
     )
     paired = rate["sglang paired"]
     for name, label in (("swa", "SWA"), ("hisparse", "HiSparse")):
-        informational(
+        figure(
             f"{label} alloc+free",
             k(name),
             f"sglang paired algo {k('sglang paired')}",
             rate[name] / paired,
+            TARGET_COMPOSITE,
             note=f"page size 1, {composite_cycles} cycles",
         )
+    if real_swa is not None:
+        figure(
+            "SWA alloc+free vs sglang (real)",
+            k("swa"),
+            f"{real_note} {k('sglang real swa')}",
+            rate["swa"] / rate["sglang real swa"],
+            TARGET_COMPOSITE,
+            note="SWATokenToKVPoolAllocator, need_sort=True",
+        )
+    else:
+        print(f"  SWA alloc+free vs sglang (real) not measured: {real_note}")
+
+
+def _decode_table(quick: bool, repeat: int) -> None:
+    """A decode step: 64 requests, one new token each. Page size 1: ``alloc(1)`` per request
+    (how sglang's scheduler allocates at page size 1), against sglang. Page size 16: one
+    ``alloc_decode`` call for the 64 requests, every request continuing its last page but
+    one in 16 (calls per second; no peer on CPU: sglang's runs a GPU kernel)."""
+    from kvcache_core import PagedSlotAllocator
+    from kvcache_plugins.mha import MHATokenToKVPool
+
+    requests, size = 64, 65536
+    steps = 128 if quick else 1000  # 64,000 tokens at most: the pool never runs short
+    pool = MHATokenToKVPool(8, 1, torch.float32, 1, 1, 1)
+    real, real_note = _real_sglang()
+    makers: dict[str, Callable[[], Any]] = {
+        "kvcache": lambda: PagedSlotAllocator(size, 1, pool),
+        "sglang algorithm": lambda: SglangAlgorithm(size),
+    }
+    if real is not None:
+        makers["sglang real"] = lambda: real(size)
+
+    def run(make: Callable[[], Any]) -> Callable[[], None]:
+        fresh = [make() for _ in range(repeat)]
+
+        def step() -> None:
+            alloc = fresh.pop().alloc
+            for _ in range(steps):
+                for _ in range(requests):
+                    alloc(1)
+
+        return step
+
+    times = median_of(interleaved({name: run(make) for name, make in makers.items()}, repeat))
+    rate = {name: steps / t for name, t in times.items()}
+    print(
+        f"== decode step: {requests} requests x alloc(1), page size 1, {steps} steps, "
+        f"median of {repeat} interleaved runs"
+    )
+
+    def k(name: str) -> str:
+        return f"{rate[name] / 1e3:.2f}k steps/s"
+
+    if real is not None:
+        figure(
+            "decode 64 x alloc(1) vs sglang",
+            k("kvcache"),
+            f"{real_note} {k('sglang real')}",
+            rate["kvcache"] / rate["sglang real"],
+            TARGET_DECODE,
+        )
+    else:
+        print(f"  decode 64 x alloc(1) vs sglang  not measured: {real_note}")
+    informational(
+        "decode 64 x alloc(1) vs algo",
+        k("kvcache"),
+        f"sglang algo {k('sglang algorithm')}",
+        rate["kvcache"] / rate["sglang algorithm"],
+    )
+    _alloc_decode_line(quick, repeat)
+
+
+def _decode_before_issue_18() -> type:
+    """``PagedSlotAllocator`` with ``alloc_decode`` as it was before issue 18 (the baseline of
+    that issue's target, kept here so that the ratio is measured in one run): per-element
+    ``int()`` conversions, a Python loop per pass, ``torch.tensor(list)`` and a gather,
+    reduction and read back of the free marks."""
+    from kvcache_core import AllocatorError, PagedSlotAllocator
+
+    class DecodeBeforeIssue18(PagedSlotAllocator):
+        def alloc_decode(self, seq_lens: torch.Tensor, last_loc: torch.Tensor) -> Any:
+            seqs = [int(x) for x in seq_lens.reshape(-1).tolist()]
+            lasts = [int(x) for x in last_loc.reshape(-1).tolist()]
+            if len(seqs) != len(lasts):
+                raise AllocatorError("seq_lens and last_loc must have the same length")
+            P = self.page_size
+            free_ids = self._free  # the old code's own bookkeeping
+            needs_page = [(s - 1) % P == 0 for s in seqs]
+            checked: list[tuple[int, int]] = []
+            for s, last, fresh in zip(seqs, lasts, needs_page, strict=True):
+                if s < 1:
+                    raise AllocatorError(f"seq_len must be >= 1 for decode, got {s}")
+                if s > 1 and (self.check_every_last_loc or not fresh):
+                    checked.append((last, s - 1))
+            if checked:
+                for last, before in checked:
+                    if last < P or last >= self.size + P or last % P != (before - 1) % P:
+                        raise AllocatorError(f"last_loc {last} cannot be the last slot")
+                self.check_frees()
+                free_ids.sync_marks()
+                held = torch.tensor([last for last, _ in checked], dtype=torch.int64)
+                free = torch.index_select(free_ids.is_free, 0, held // P).bool()
+                if bool(free.any()):
+                    raise AllocatorError(f"last_loc {int(held[free][0])} lies in a free page")
+            fresh_pages = sum(needs_page)
+            if not self.has_room(fresh_pages):
+                return None
+            pages = iter(free_ids.take(fresh_pages).tolist())
+            result = [
+                next(pages) * P if fresh else last + 1
+                for last, fresh in zip(lasts, needs_page, strict=True)
+            ]
+            return torch.tensor(result, dtype=torch.int64)
+
+    return DecodeBeforeIssue18
+
+
+def _alloc_decode_line(quick: bool, repeat: int) -> None:
+    """``alloc_decode`` of 64 requests at page size 16, calls per second, against the code
+    before issue 18 in the same run (see above)."""
+    from kvcache_core import PagedSlotAllocator
+    from kvcache_plugins.mha import MHATokenToKVPool
+
+    P, requests, calls = 16, 64, (200 if quick else 2000)
+    size = P * requests * 4
+    pool = MHATokenToKVPool(8, P, torch.float32, 1, 1, 1)
+
+    def prepared(cls: type = PagedSlotAllocator) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        alloc = cls(size, P, pool)
+        pages = alloc.alloc(P * requests).reshape(requests, P)
+        # request i holds 2 + i % 15 tokens of its page (never a full page): the next token
+        # continues the page for all but the requests that restart below
+        held = torch.tensor([2 + i % 15 for i in range(requests)])
+        last = pages[torch.arange(requests), held - 1]
+        seq = held + 1
+        seq[::16] = P + 1  # one request in 16 starts a fresh page
+        last[::16] = pages[::16, P - 1]
+        return alloc, seq, last
+
+    def run(cls: type = PagedSlotAllocator) -> Callable[[], None]:
+        fresh = [prepared(cls) for _ in range(repeat)]
+
+        def go() -> None:
+            alloc, seq, last = fresh.pop()
+            state = alloc.backup_state()
+            for _ in range(calls):
+                alloc.alloc_decode(seq, last)
+                alloc.restore_state(state)
+
+        return go
+
+    def baseline() -> Callable[[], None]:
+        fresh = [prepared() for _ in range(repeat)]
+
+        def go() -> None:
+            alloc, _, _ = fresh.pop()
+            state = alloc.backup_state()
+            for _ in range(calls):
+                alloc.restore_state(state)
+
+        return go
+
+    before = _decode_before_issue_18()
+    times = median_of(
+        interleaved({"decode": run(), "before": run(before), "restore only": baseline()}, repeat)
+    )
+    ours = (times["decode"] - times["restore only"]) / calls
+    old = (times["before"] - times["restore only"]) / calls
+    figure(
+        "alloc_decode 64 req, P=16",
+        f"{1e6 * ours:.1f} us/call",
+        f"before issue 18 {1e6 * old:.1f} us/call",
+        old / ours,
+        TARGET_DECODE,
+        note="restore_state between calls timed apart and subtracted",
+    )
 
 
 # ----------------------------------------------------------------------------- host syncs
@@ -415,4 +637,5 @@ def _sync_row(
 
 def bench_allocator(quick: bool, repeat: int) -> None:
     _rate_table(quick, repeat)
+    _decode_table(quick, repeat)
     bench_host_syncs()

@@ -154,7 +154,8 @@ SETUPS: dict[str, Callable[[Any, Any, int, torch.Generator], Case]] = {
 
 
 def configs(quick: bool, page_size: int = 1) -> dict[str, PoolConfig]:
-    """DESIGN.md section 7 shapes (or small ones), one config per built-in pool kind."""
+    """The shapes of docs/architecture.md, "Performance notes" (or small ones), one config
+    per built-in pool kind."""
     slots = 8192 if quick else 65536
     layers, heads, dim = (4, 8, 128) if quick else (16, 8, 128)
     common: dict[str, Any] = {

@@ -1,9 +1,9 @@
 """kvcache benchmarks: every figure is a ratio against a baseline measured in the same run,
 printed with its target and whether this run meets it.
 
-Run: ``make bench`` (DESIGN.md shapes; several GB of RAM) or ``python benchmarks/bench.py
---quick`` (small shapes, seconds). Machines are noisy: variants are interleaved, so a ratio
-compares like with like.
+Run: ``make bench`` (the shapes of docs/architecture.md; several GB of RAM) or
+``python benchmarks/bench.py --quick`` (small shapes, seconds). Machines are noisy: variants
+are interleaved, so a ratio compares like with like.
 
 1. Allocator cycles per second (``_allocator.py``), first: a process that has just offloaded
    gigabytes slows the naive baseline's concatenations.

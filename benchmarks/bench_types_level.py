@@ -5,8 +5,9 @@
 "cold" is a run with an empty mypy cache directory, "warm" a second run on the same one. Each is
 repeated ``--runs`` times, interleaved, and reported as min / median wall time of ``run()`` plus
 the CPU time of the mypy child process: on a shared machine the minimum and the CPU time are the
-numbers to compare (DESIGN.md section 7). Peak memory is not reported: a forked child's maximum
-RSS includes the parent's (torch-sized) pages; measure mypy's own with ``/usr/bin/time -v``.
+numbers to compare (docs/architecture.md, "Performance notes"). Peak memory is not reported:
+a forked child's maximum RSS includes the parent's (torch-sized) pages; measure mypy's own
+with ``/usr/bin/time -v``.
 ``--real-torch`` also times mypy on the same generated module against the installed torch (no
 stub), once, cold, for comparison.
 Timings are reported, never asserted.

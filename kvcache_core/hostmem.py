@@ -1,8 +1,8 @@
 """Host memory for CPU pools: huge-page-backed buffers and a cache of snapshot blocks.
 
 Why: on CPU the cost of an offload is mostly the kernel faulting in fresh host pages, one 4 KiB
-page at a time (DESIGN.md section 7: a gather into fresh memory ran at about 3.5 GB/s, into
-memory allocated beforehand at 9.4). Two levers, both CPU-only:
+page at a time (docs/architecture.md, "Performance notes": a gather into fresh memory ran at
+about 3.5 GB/s, into memory allocated beforehand at 9.4). Two levers, both CPU-only:
 
 * **Huge pages.** Large buffers are anonymous ``mmap`` regions aligned to 2 MiB and advised
   ``MADV_HUGEPAGE``, so the kernel faults them in 2 MiB at a time and random-row copies miss

@@ -2,8 +2,9 @@
 host snapshots and scatters back.
 
 Why one helper: every pool kind stores "L layers x rows x row shape" somewhere, and offload speed
-is decided here (``index_select`` into a preallocated snapshot, never ``buf[idx]``; DESIGN.md
-section 7). Third-party pools may use it too; it is part of the public face.
+is decided here (``index_select`` into a preallocated snapshot, never ``buf[idx]``;
+docs/architecture.md, "Performance notes"). Third-party pools may use it too; it is part of the
+public face.
 """
 
 from __future__ import annotations

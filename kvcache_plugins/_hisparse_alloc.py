@@ -15,12 +15,13 @@ tokens are written through to the device), or None, consuming nothing, unless bo
 Freeing follows the logical side's verdict. ``free`` drops residency in the device table at once
 (the pages may not be read through it any more), without reading the ids back (no host sync);
 the host page table still names the device pages until the logical side, which checks its
-queued calls in a batch, reports each call's verdict when it settles
-(`HiSparseSlotAllocator._residency_settled`): an applied call's device pages are freed and
-its pages leave the host table, a rejected call's device table rows are put back. So a bad free
-found late (at the queue bound, in a free group) neither leaks device pages nor leaves a free
-logical page marked resident. A free logical page is never resident once its free settled, which
-is why ``alloc`` can make its fresh pages resident without looking them up.
+queued calls in a batch, reports each call's verdict when it settles (``settle_held``): an
+applied call's device pages are freed and its pages leave the host table, a rejected call's
+device table rows are put back. So a bad free found late (at the queue bound, in a free group)
+neither leaks device pages nor leaves a free logical page marked resident. A free logical page
+is never resident once its free settled, which is why ``alloc`` can make its fresh pages
+resident without looking them up. The holding, free groups and the backup token are
+[`CompositeAllocator`][kvcache_core.CompositeAllocator]'s.
 """
 
 from __future__ import annotations
@@ -29,19 +30,18 @@ import torch
 
 from kvcache_core import (
     AllocatorError,
+    CompositeAllocator,
     ForwardsOffload,
-    FreeGroup,
     HiSparsePool,
     KVPool,
     PagedSlotAllocator,
+    SettledCall,
     check_slots,
-    free_calls_one_by_one,
 )
 
 __all__ = ["HiSparseSlotAllocator", "empty_logical_to_device"]
 
 _CPU = torch.device("cpu")
-_STATE_TAG = "hisparse-slot-allocator"
 
 
 def empty_logical_to_device(rows: int, device: torch.device) -> torch.Tensor:
@@ -52,7 +52,7 @@ def empty_logical_to_device(rows: int, device: torch.device) -> torch.Tensor:
     return table
 
 
-class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
+class HiSparseSlotAllocator(CompositeAllocator[None], ForwardsOffload):
     """Allocates logical slots of a `HiSparsePool` and manages their device residency."""
 
     def __init__(self, kvcache: HiSparsePool, device: torch.device | str | None = None) -> None:
@@ -63,13 +63,21 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         self.device = torch.device(device) if device is not None else kvcache.device
         self._logical = PagedSlotAllocator(self.size, self.page_size, kvcache, self.device)
         self._device = PagedSlotAllocator(self.device_size, self.page_size, kvcache, self.device)
-        self._logical._on_settled = self._residency_settled
+        super().__init__(self._logical)  # its verdicts decide every free
         self._offsets = torch.arange(self.page_size, dtype=torch.int64)
         # Host truth: logical page -> device page (-1 = not resident); page 0 is padding.
         self._page_map = torch.full((self.size // self.page_size + 1,), -1, dtype=torch.int64)
         self._page_map[0] = 0
         self.logical_to_device = empty_logical_to_device(self.size + self.page_size, kvcache.device)
         kvcache.register_logical_to_device(self.logical_to_device)
+        # Page size 1 with the table on the host: a free drops residency by the call's ids
+        # directly (see hold); the padding row 0 is put back to 0 afterwards.
+        on_host = kvcache.device.type == "cpu" and self.page_size == 1
+        self._direct_table = self.logical_to_device  # the fast path serves this table only
+        self._direct_rows = self.logical_to_device[:-1] if on_host else None
+        self._padding_row = self.logical_to_device[:1]
+        # what those rows become (index_copy_ refuses negative ids; index_fill_ would wrap them)
+        self._no_device = torch.full((min(self.size + 1, 16384) if on_host else 0,), -1)
 
     # -- sizes -----------------------------------------------------------------------------
     def available_size(self) -> int:
@@ -92,6 +100,8 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
 
     # -- residency bookkeeping --------------------------------------------------------------
     def _slots_of(self, pages: torch.Tensor) -> torch.Tensor:
+        if self.page_size == 1:
+            return pages  # a page is a slot
         return (pages[:, None] * self.page_size + self._offsets).reshape(-1)
 
     def _non_resident(self, pages: torch.Tensor) -> torch.Tensor:
@@ -115,12 +125,14 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         """
         if pages.numel() == 0:
             return
-        dev_pages = self._device._alloc_pages(pages.numel())  # host ids: nothing read back
+        dev_pages = self._device.take_pages(pages.numel())  # host ids: nothing read back
         if dev_pages is None:  # pragma: no cover - callers check room first
             raise AllocatorError("device side ran out of pages during a checked allocation")
-        self._page_map[pages] = dev_pages
+        self._page_map.index_copy_(0, pages, dev_pages)
         table = self.logical_to_device
-        table[self._slots_of(pages).to(table.device)] = self._slots_of(dev_pages).to(table.device)
+        table.index_copy_(
+            0, self._slots_of(pages).to(table.device), self._slots_of(dev_pages).to(table.device)
+        )
         if live is None or live.numel() == 0:
             return
         filled = torch.isin(pages, live)
@@ -139,10 +151,10 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         """Whether the device side has ``pages`` free pages. Queued frees are settled only when
         it is short (the logical side first: its verdicts release device pages), as the plain
         allocator's ``alloc`` does."""
-        if self._device._reserve(pages):
+        if self._device.has_room(pages):
             return True
-        self._logical._settle()
-        return self._device._reserve(pages)
+        self._logical.check_frees()
+        return self._device.has_room(pages)
 
     def _last_pages_needing_device(self, lasts: list[int], partial: list[bool]) -> int:
         pages = [last // self.page_size for last, p in zip(lasts, partial, strict=True) if p]
@@ -158,10 +170,10 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         raises its own error whether or not the device is full, rather than returning a None
         that reads as "try again later".
         """
-        pages = self._logical._pages_for(need_size)
+        pages = self._logical.pages_for(need_size)
         if not self._device_room(pages):
             return None
-        pages_taken = self._logical._alloc_pages(pages)  # host ids: nothing read back
+        pages_taken = self._logical.take_pages(pages)  # host ids: nothing read back
         if pages_taken is None:
             return None
         # Fresh whole pages, each once, none resident: a free logical page never is (its
@@ -182,15 +194,13 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
 
         The logical side's plan checks the call first (lengths, ``extend_num_tokens``, each
         continued ``last_loc``), so a bad call raises even when the device is full."""
-        plan, new_pages = self._logical._extend_plan(
-            prefix_lens, seq_lens, last_loc, extend_num_tokens
-        )
+        plan = self._logical.plan_extend(prefix_lens, seq_lens, last_loc, extend_num_tokens)
         P = self.page_size
-        lasts = [start - 1 for start, _, _ in plan]
-        partial = [count > 0 for _, count, _ in plan]
-        if not self._device_room(new_pages + self._last_pages_needing_device(lasts, partial)):
+        lasts = [start - 1 for start, _, _ in plan.requests]
+        partial = [count > 0 for _, count, _ in plan.requests]
+        if not self._device_room(plan.new_pages + self._last_pages_needing_device(lasts, partial)):
             return None
-        slots = self._logical.alloc_extend(prefix_lens, seq_lens, last_loc, extend_num_tokens)
+        slots = self._logical.take_extend(plan)
         if slots is not None:
             pages = self._non_resident(slots.to(_CPU) // P)
             self._make_resident(pages, self._continued_pages(lasts, partial))
@@ -198,16 +208,13 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
 
     def alloc_decode(self, seq_lens: torch.Tensor, last_loc: torch.Tensor) -> torch.Tensor | None:
         """One logical slot per request (``seq_lens`` include it), resident."""
-        seqs = [int(x) for x in seq_lens.reshape(-1).tolist()]
-        lasts = [int(x) for x in last_loc.reshape(-1).tolist()]
-        if len(seqs) != len(lasts):
-            raise AllocatorError("seq_lens and last_loc must have the same length")
-        self._logical._decode_plan(seq_lens, last_loc)  # a stale last_loc raises before room
-        fresh = [(s - 1) % self.page_size == 0 for s in seqs]
-        continuing = [not f for f in fresh]
-        if not self._device_room(sum(fresh) + self._last_pages_needing_device(lasts, continuing)):
+        plan = self._logical.plan_decode(seq_lens, last_loc)  # a stale last_loc raises here
+        lasts = plan.last_locs
+        continuing = [not f for f in plan.starts_page]
+        needed = plan.new_pages + self._last_pages_needing_device(lasts, continuing)
+        if not self._device_room(needed):
             return None
-        slots = self._logical.alloc_decode(seq_lens, last_loc)
+        slots = self._logical.take_decode(plan)
         if slots is not None:
             pages = self._non_resident(slots.to(_CPU) // self.page_size)
             self._make_resident(pages, self._continued_pages(lasts, continuing))
@@ -240,7 +247,7 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         if slots.numel() == 0:
             return
         self._logical.check_frees()
-        held = self._logical._allocated(slots)
+        held = self._logical.allocated(slots)
         if not bool(held.all()):
             slot = int(slots[~held][0])
             what = "the reserved page 0" if slot < self.page_size else "a free page"
@@ -276,19 +283,28 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         Range, page 0 and double frees are checked there, at the next settle, like the plain
         allocator's. Pinned by tests/allocators/test_host_syncs.py.
         """
-        if self._collect(indices):
-            return
-        self._free_one(indices, settle_if_due=True)
+        super().free(indices)
 
-    def _free_one(self, indices: torch.Tensor, *, settle_if_due: bool) -> None:
-        limit = self.size + self.page_size
-        slots = check_slots(indices, limit=limit, name="indices", check_values=False)
-        if slots.numel() == 0:
-            return
-        call = slots.clone()  # owned: the caller may reuse ``indices``
+    def hold(self, call: torch.Tensor) -> None:
+        """Drop the device-table residency of the call's pages now (the host page table keeps
+        naming their device pages until the verdict)."""
+        direct = self._direct_rows
+        n = call.numel()
+        if (
+            direct is not None
+            and n <= self._no_device.numel()
+            and self._direct_table is self.logical_to_device
+        ):
+            try:  # index_copy_ refuses an id out of range, negative ones too
+                direct.index_copy_(0, call, self._no_device.narrow(0, 0, n))
+            except (IndexError, RuntimeError):
+                self._padding_row.fill_(0)  # the general path below leaves bad ids out
+            else:
+                self._padding_row.fill_(0)  # slot 0 (refused at the settle) stays padding
+                return
         table = self.logical_to_device
         ids = call if call.device == table.device else call.to(table.device)
-        P = self.page_size
+        P, limit = self.page_size, self.size + self.page_size
         valid = (ids >= P) & (ids < limit)  # page 0 is padding
         if P == 1:
             rows, keep = torch.where(valid, ids, 0), valid
@@ -298,15 +314,6 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
             keep = valid.repeat_interleave(P)
         # Drop residency of valid rows; an invalid id was sent to page 0 and writes it back.
         table[rows] = torch.where(keep, -1, table[rows])
-        self._logical._enqueue(call, settle_if_due=settle_if_due)
-
-    def _free_calls(self, calls: list[torch.Tensor]) -> None:
-        """End of a free group: every call on its own, the queue settled at most once."""
-        free_calls_one_by_one(
-            calls,
-            lambda call: self._free_one(call, settle_if_due=False),
-            self._logical._settle_if_due,
-        )
 
     def _set_residency(self, pages: torch.Tensor, dev_pages: torch.Tensor | None) -> None:
         """Host page table and device token table: ``pages`` -> ``dev_pages`` (None: -1)."""
@@ -319,9 +326,7 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
             self._page_map[pages] = dev_pages
             table[slots] = self._slots_of(dev_pages).to(table.device)
 
-    def _residency_settled(
-        self, calls: list[torch.Tensor], host: list[torch.Tensor], rejected: frozenset[int]
-    ) -> None:
+    def settle_held(self, settled: list[SettledCall[None]]) -> None:
         """The logical side's verdicts. Applied calls: their resident pages lose their device
         pages (freed) in the host page table. Rejected calls: their pages that are still held
         and still resident get their device table rows back (a later call of the batch may have
@@ -330,20 +335,20 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
 
         Host syncs: one, the host copy of the batch (already made by the logical side's settle
         on an accelerator, so free there)."""
-        if not calls:
-            return
         P, limit = self.page_size, self._page_map.numel()
+        host = [s.host for s in settled]
         whole = (host[0] if len(host) == 1 else torch.cat(host)).to(_CPU)
+        rejected = [i for i, s in enumerate(settled) if s.rejected]
         if rejected:
             parts = whole.split_with_sizes([c.numel() for c in host])
-            for i in sorted(rejected):
+            for i in rejected:
                 pages: torch.Tensor = torch.unique(torch.div(parts[i], P, rounding_mode="floor"))
                 pages = pages[(pages > 0) & (pages < limit)]
                 pages = pages[self._page_map[pages] >= 0]
-                pages = pages[self._logical._allocated(pages * P)]
+                pages = pages[self._logical.allocated(pages * P)]
                 if pages.numel():
                     self._set_residency(pages, self._page_map[pages].clone())
-            applied = [p for i, p in enumerate(parts) if i not in rejected]
+            applied = [p for i, p in enumerate(parts) if not settled[i].rejected]
             if not applied:
                 return
             whole = torch.cat(applied)
@@ -365,39 +370,32 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
         self._device.check_frees()
 
     # -- state -----------------------------------------------------------------------------
-    def backup_state(self) -> object:
-        self._flush_group()
-        return (
-            _STATE_TAG,
-            id(self),
-            self._logical.backup_state(),
-            self._device.backup_state(),
-            self._page_map.clone(),
-        )
+    state_tag = "hisparse-slot-allocator"
 
-    def restore_state(self, state: object) -> None:
-        """Bring back both sides and the residency of ``state``, and refill from the logical
+    def backup_sides(self) -> tuple[object, ...]:
+        """Both sides' free lists and the host page table."""
+        return (self._logical.backup_state(), self._device.backup_state(), self._page_map.clone())
+
+    def restore_sides(self, sides: tuple[object, ...]) -> None:
+        """Bring back both sides and the residency of ``sides``, and refill from the logical
         store every page that comes back resident at a device page it did not hold just before.
 
         Why refill: the backup holds the tables, not the device rows. A page made non-resident
         after the backup may have seen its device page reused and rewritten by another request;
         restoring the table alone would make it "resident" at a device page holding that
         request's rows, and reads, offload and kernels all prefer the device row. Granting
-        residency fills a page from the store (see `_make_resident`); restoring it is a
+        residency fills a page from the store (see ``_make_resident``); restoring it is a
         grant too. Why only the pages whose device page changed, not every resident page: a
         page that kept its device page was consistent before the restore and still is
         (write-through), so refilling it would only cost a copy per resident page on every
         restore and overwrite what a kernel wrote into the device buffer in place.
         """
-        if not (
-            isinstance(state, tuple) and len(state) == 5 and state[:2] == (_STATE_TAG, id(self))
-        ):
-            raise AllocatorError("restore_state got a state this allocator did not back up")
+        logical, device, page_map = sides
+        assert isinstance(page_map, torch.Tensor)
         before = self._page_map.clone()
-        self._logical.restore_state(state[2])  # drops queued frees (their table rows too)
-        self._device.restore_state(state[3])
-        self._page_map.copy_(state[4])
-        self._forget_collected()
+        self._logical.restore_state(logical)  # drops queued frees (their table rows too)
+        self._device.restore_state(device)
+        self._page_map.copy_(page_map)
         self._rebuild_table()
         after = self._page_map
         moved = ((after >= 0) & (after != before)).nonzero().reshape(-1)
@@ -409,11 +407,10 @@ class HiSparseSlotAllocator(FreeGroup, ForwardsOffload):
                 self._slots_of(after[moved]).to(table.device),
             )
 
-    def clear(self) -> None:
+    def clear_sides(self) -> None:
         """Free every logical and device slot but the reserved page 0; nothing stays resident."""
         self._logical.clear()
         self._device.clear()
-        self._group = None
         self._page_map.fill_(-1)
         self._page_map[0] = 0
         self._rebuild_table()

@@ -164,9 +164,14 @@ class MambaPool:
         """Write saved states into the new request slots ``indices`` (same count and order)."""
         self._no_mamba_indices(mamba_indices)
         slots = self.check_request_slots(indices, name="indices")
-        snap = self.check_snapshot(snapshot, slots.numel())
+        self.load_checked(self.check_snapshot(snapshot, slots.numel()), slots)
+
+    def load_checked(self, snapshot: KVSnapshot, slots: torch.Tensor) -> None:
+        """Write states that ``check_snapshot`` returned into request slots that
+        ``check_request_slots`` returned; nothing is checked again (the hybrid pool checks a
+        whole reload once, before its first write)."""
         for name, buf in self._buffers.items():
-            buf.scatter(slots, snap.parts[name])
+            buf.scatter(slots, snapshot.parts[name])
 
 
 class MambaSlotAllocator(FreeGroup):

@@ -14,10 +14,11 @@ Freeing follows the full side's verdict. ``free`` clears the table entries at on
 write through them any more) but keeps the window slots aside with the call, without reading
 the ids back (no host sync: ids out of range or 0 just take no part); the full side checks its
 queued calls in a batch (range, slot 0, double frees), and when it settles it reports each
-call's verdict (`_window_settled`, which reads what the whole batch holds in one copy):
-an applied call's window slots are freed, a rejected call's entries are put back. So a bad
-free found late (at the queue bound, in a free group) never leaves a window slot without an
-owner, and a rejected call changes nothing on either side.
+call's verdict (``settle_held``, which reads what the whole batch holds in one copy): an
+applied call's window slots are freed, a rejected call's entries are put back. So a bad free
+found late (at the queue bound, in a free group) never leaves a window slot without an owner,
+and a rejected call changes nothing on either side. The holding, free groups and the backup
+token are [`CompositeAllocator`][kvcache_core.CompositeAllocator]'s.
 """
 
 from __future__ import annotations
@@ -26,12 +27,12 @@ import torch
 
 from kvcache_core import (
     AllocatorError,
-    FreeGroup,
+    CompositeAllocator,
     KVPool,
     KVSnapshot,
     PagedSlotAllocator,
+    SettledCall,
     check_slots,
-    free_calls_one_by_one,
 )
 
 from ._swa_pool import SWAKVPool
@@ -39,6 +40,9 @@ from ._swa_pool import SWAKVPool
 __all__ = ["SWASlotAllocator"]
 
 _CPU = torch.device("cpu")
+#: What a queued free call holds until its verdict: the table rows it cleared and, row by row,
+#: the window slot each held (0: none).
+_Held = tuple[torch.Tensor, torch.Tensor]
 
 
 def _host_pairs(
@@ -59,11 +63,7 @@ def _host_read(table: torch.Tensor, rows: list[torch.Tensor]) -> list[torch.Tens
     return list(whole.split_with_sizes(sizes))
 
 
-def _ceil_div(a: torch.Tensor, b: int) -> torch.Tensor:
-    return torch.div(a + b - 1, b, rounding_mode="floor")
-
-
-class SWASlotAllocator(FreeGroup):
+class SWASlotAllocator(CompositeAllocator[_Held]):
     """Allocates full and window slots together; both sides are paged by ``page_size``.
 
     ``size`` and ``available_size()`` are the smaller side's (what a request can count on);
@@ -90,19 +90,25 @@ class SWASlotAllocator(FreeGroup):
         self.swa_attn_allocator = PagedSlotAllocator(
             swa_size, page_size, kvcache.swa_pool, self.device
         )
-        self.full_attn_allocator._on_settled = self._window_settled
+        super().__init__(self.full_attn_allocator)  # its verdicts decide every free
         # The window side's last_loc is translated (0 once the token left the window): only a
         # continued page needs it; the full side checks the real one.
-        self.swa_attn_allocator._check_every_last_loc = False
-        # Queued full-side free call (by identity) -> (full slots whose entries were cleared,
-        # their window slots), until the full side's verdict on the call.
-        self._held: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self.swa_attn_allocator.check_every_last_loc = False
         # Lives with the pool's buffers: window layers translate through it on every write.
         self.full_to_swa_index_mapping = torch.zeros(
             size + page_size + 1, dtype=torch.int64, device=kvcache.device
         )
         self.full_to_swa_index_mapping[-1] = -1
         kvcache.register_mapping(self.full_to_swa_index_mapping)
+        self.free_call_device = kvcache.device  # free calls are read against the table
+        # Page size 1 with the table on the host: a free reads and clears the table by the
+        # call's ids directly (two torch calls; see hold), as long as this is the table.
+        self._direct_table = self.full_to_swa_index_mapping
+        self._direct_rows: torch.Tensor | None = (
+            self.full_to_swa_index_mapping[:-1]
+            if page_size == 1 and kvcache.device.type == "cpu"
+            else None
+        )
 
     # -- sizes --------------------------------------------------------------------------------
     def available_size(self) -> int:
@@ -126,7 +132,7 @@ class SWASlotAllocator(FreeGroup):
         mapping = self.full_to_swa_index_mapping
         device = mapping.device
         full = full if full.device == device else full.to(device)
-        mapping[full] = swa if swa.device == device else swa.to(device)
+        mapping.index_copy_(0, full, swa if swa.device == device else swa.to(device))
 
     def translate_loc_from_full_to_swa(self, kv_indices: torch.Tensor) -> torch.Tensor:
         """Window slots of full slots (0: none; -1, an absent ``last_loc``, stays -1)."""
@@ -233,12 +239,12 @@ class SWASlotAllocator(FreeGroup):
         side is short, as the plain allocator's ``alloc`` does (the full side first: its
         verdicts release window slots), so an alloc with room reads nothing back."""
         full, window = self.full_attn_allocator, self.swa_attn_allocator
-        if not full._reserve(pages):
+        if not full.has_room(pages):
             return False
-        if window._reserve(pages):
+        if window.has_room(pages):
             return True
-        full._settle()
-        return window._reserve(pages)
+        full.check_frees()
+        return window.has_room(pages)
 
     def _undo_new_pages(
         self, side: PagedSlotAllocator, out: torch.Tensor, last_loc: torch.Tensor
@@ -262,12 +268,12 @@ class SWASlotAllocator(FreeGroup):
         Both sides need the same ``ceil(seq/P) - ceil(prefix/P)`` new pages; if either is short
         nothing is taken and None is returned.
         """
-        P = self.page_size
         swa_last = self._translate_last(last_loc)
         # The real last_loc is checked before either side moves (a stale one raises here).
-        self.full_attn_allocator._extend_plan(prefix_lens, seq_lens, last_loc, extend_num_tokens)
-        need = int((_ceil_div(seq_lens.long(), P) - _ceil_div(prefix_lens.long(), P)).sum())
-        if not self._room(need):
+        plan = self.full_attn_allocator.plan_extend(
+            prefix_lens, seq_lens, last_loc, extend_num_tokens
+        )
+        if not self._room(plan.new_pages):
             return None
         # The window side first: its last_loc (a translated one) is the likelier to be invalid.
         swa = self.swa_attn_allocator.alloc_extend(
@@ -276,9 +282,7 @@ class SWASlotAllocator(FreeGroup):
         if swa is None:
             return None
         try:
-            full = self.full_attn_allocator.alloc_extend(
-                prefix_lens, seq_lens, last_loc, extend_num_tokens
-            )
+            full = self.full_attn_allocator.take_extend(plan)
         except Exception:
             self._undo_new_pages(self.swa_attn_allocator, swa, swa_last)
             raise
@@ -292,15 +296,14 @@ class SWASlotAllocator(FreeGroup):
         """One full and one window slot per request; None (taking nothing) if either is short."""
         swa_last = self._translate_last(last_loc)
         # The real last_loc is checked before either side moves (a stale one raises here).
-        self.full_attn_allocator._decode_plan(seq_lens, last_loc)
-        need = int(((seq_lens.long() - 1) % self.page_size == 0).sum())
-        if not self._room(need):
+        plan = self.full_attn_allocator.plan_decode(seq_lens, last_loc)
+        if not self._room(plan.new_pages):
             return None
         swa = self.swa_attn_allocator.alloc_decode(seq_lens, swa_last)
         if swa is None:
             return None
         try:
-            full = self.full_attn_allocator.alloc_decode(seq_lens, last_loc)
+            full = self.full_attn_allocator.take_decode(plan)
         except Exception:
             self._undo_new_pages(self.swa_attn_allocator, swa, swa_last)
             raise
@@ -325,8 +328,7 @@ class SWASlotAllocator(FreeGroup):
         if P > 1:
             pages = torch.unique(torch.div(slots, P, rounding_mode="floor"))
             slots = (pages[:, None] * P + torch.arange(P, device=slots.device)).reshape(-1)
-        if self._held:
-            self._evict_held(slots)
+        self._evict_held(slots)
         window = mapping[slots]
         held = window > 0
         if bool(held.any()):
@@ -336,13 +338,13 @@ class SWASlotAllocator(FreeGroup):
     def _evict_held(self, slots: torch.Tensor) -> None:
         """Window slots that queued free calls hold for ``slots`` go now: whatever the full
         side's verdict, these tokens were just evicted, so a rollback must not bring them back."""
-        for key, (call, rows, window) in list(self._held.items()):
+        for call, (rows, window) in self.held_calls():
             gone = torch.isin(rows, slots) & (window > 0)
             if bool(gone.any()):
                 # unique: a call may name a slot twice (it is then rejected) and, paged, the
                 # slots of one page, which all read the page's window slots
                 self.swa_attn_allocator.free(torch.unique(window[gone]))
-                self._held[key] = (call, rows, torch.where(gone, 0, window))
+                self.replace_held(call, (rows, torch.where(gone, 0, window)))
 
     def free(self, indices: torch.Tensor) -> None:
         """Release full slots and, with them, any window slots they still hold.
@@ -356,37 +358,26 @@ class SWASlotAllocator(FreeGroup):
         plain allocator, and changes nothing on either side. Pinned by
         tests/allocators/test_host_syncs.py.
         """
-        if self._collect(indices):
-            return
-        self._free_one(indices, settle_if_due=True)
+        super().free(indices)
 
-    def _free_one(self, indices: torch.Tensor, *, settle_if_due: bool) -> None:
+    def hold(self, call: torch.Tensor) -> _Held:
+        """Clear the call's table entries now and keep the window slots they held."""
+        direct = self._direct_rows
+        if direct is not None and self._direct_table is self.full_to_swa_index_mapping:
+            try:  # index_select refuses an id out of range (negative ones too)
+                window = torch.index_select(direct, 0, call)
+            except (IndexError, RuntimeError):
+                pass  # the general path below leaves bad ids out
+            else:
+                # slot 0 (refused at the settle) reads and writes the table's row 0, always 0
+                direct.index_fill_(0, call, 0)
+                return call, window
         mapping = self.full_to_swa_index_mapping
-        slots = check_slots(
-            indices,
-            limit=self.full_size + self.page_size,
-            allow_zero=True,
-            device=mapping.device,
-            check_values=False,  # dtype and rank only: the values are the settle's to check
-        )
-        if slots.numel() == 0:
-            return
-        call = slots.clone()  # owned: the caller may reuse ``indices``
         rows, valid = self._rows_of(call)
         before = mapping[rows]
         # Clear the valid rows; an invalid id was sent to row 0 (always 0) and writes it back.
         mapping[rows] = torch.where(valid, 0, before)
-        window = torch.where(valid, before, 0)  # what the call holds (0: nothing)
-        self._held[id(call)] = (call, rows, window)  # the call keeps its id unique while held
-        self.full_attn_allocator._enqueue(call, settle_if_due=settle_if_due)
-
-    def _free_calls(self, calls: list[torch.Tensor]) -> None:
-        """End of a free group: every call on its own, the queue settled at most once."""
-        free_calls_one_by_one(
-            calls,
-            lambda call: self._free_one(call, settle_if_due=False),
-            self.full_attn_allocator._settle_if_due,
-        )
+        return rows, torch.where(valid, before, 0)  # what the call holds (0: nothing)
 
     def _rows_of(self, call: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The table rows a free call clears (whole pages when paged: a window page belongs to
@@ -402,37 +393,31 @@ class SWASlotAllocator(FreeGroup):
         rows = (torch.div(safe, P, rounding_mode="floor")[:, None] * P + offsets).reshape(-1)
         return rows, valid.repeat_interleave(P)
 
-    def _window_settled(
-        self, calls: list[torch.Tensor], _host: list[torch.Tensor], rejected: frozenset[int]
-    ) -> None:
+    def settle_held(self, settled: list[SettledCall[_Held]]) -> None:
         """The full side's verdicts: free the window slots of applied calls; put back the table
         entries of rejected ones, where the full slot is still held and nothing was recorded
         there since (a later call of the batch may have freed it: then its window slot goes).
 
         Host syncs: one read of what every call of the batch holds, plus, only when a call was
         rejected, one read of the table at the rejected calls' rows."""
-        mapping = self.full_to_swa_index_mapping
-        entries: list[tuple[int, torch.Tensor, torch.Tensor]] = []
-        for number, call in enumerate(calls):
-            entry = self._held.pop(id(call), None)
-            if entry is not None and entry[0] is call:
-                entries.append((number, entry[1], entry[2]))
-        if not entries:
+        if not any(s.rejected for s in settled):  # the common batch: release every window slot
+            windows = [s.held[1] for s in settled]
+            window = (windows[0] if len(windows) == 1 else torch.cat(windows)).to(_CPU)
+            freed = torch.masked_select(window, window > 0)
+            if freed.numel():
+                self.swa_attn_allocator.free(freed)
             return
-        held = _host_pairs([(rows, window) for _, rows, window in entries])
+        mapping = self.full_to_swa_index_mapping
+        held = _host_pairs([s.held for s in settled])
         release: list[torch.Tensor] = []
         back_rows: list[torch.Tensor] = []
         back_window: list[torch.Tensor] = []
-        bad: list[int] = []
-        now: list[torch.Tensor] = []
-        if rejected:
-            bad = [i for i, (number, _, _) in enumerate(entries) if number in rejected]
-            now = _host_read(mapping, [held[i][0] for i in bad])
-        for i, (number, _, _) in enumerate(entries):
-            rows, window = held[i]
-            if number in rejected:
+        bad = [i for i, s in enumerate(settled) if s.rejected]
+        now = _host_read(mapping, [held[i][0] for i in bad]) if bad else []
+        for i, (rows, window) in enumerate(held):
+            if settled[i].rejected:
                 current = now[bad.index(i)]
-                alive = self.full_attn_allocator._allocated(rows)
+                alive = self.full_attn_allocator.allocated(rows)
                 back = (window > 0) & alive & (current == 0)
                 back_rows.append(rows[back])
                 back_window.append(window[back])
@@ -448,38 +433,29 @@ class SWASlotAllocator(FreeGroup):
             self.swa_attn_allocator.free(freed)
 
     # -- state --------------------------------------------------------------------------------
-    def backup_state(self) -> object:
+    state_tag = "swa-slot-allocator"
+
+    def backup_sides(self) -> tuple[object, ...]:
         """Both free lists and the table: restore undoes every alloc, free and free_swa since.
 
         The full side settles first (its verdicts free window slots), then the window side.
         """
-        self._flush_group()
         return (
-            "swa-slot-allocator",
-            id(self),
             self.full_attn_allocator.backup_state(),
             self.swa_attn_allocator.backup_state(),
             self.full_to_swa_index_mapping.clone(),
         )
 
-    def restore_state(self, state: object) -> None:
-        if not (
-            isinstance(state, tuple)
-            and len(state) == 5
-            and state[0] == "swa-slot-allocator"
-            and state[1] == id(self)
-        ):
-            raise AllocatorError("restore_state got a state this allocator did not back up")
-        self.full_attn_allocator.restore_state(state[2])  # drops queued frees: so do we
-        self._held.clear()
-        self.swa_attn_allocator.restore_state(state[3])
-        self.full_to_swa_index_mapping.copy_(state[4])
-        self._forget_collected()
+    def restore_sides(self, sides: tuple[object, ...]) -> None:
+        """Both free lists (queued frees dropped) and the table, as backed up."""
+        full, window, table = sides
+        assert isinstance(table, torch.Tensor)
+        self.full_attn_allocator.restore_state(full)
+        self.swa_attn_allocator.restore_state(window)
+        self.full_to_swa_index_mapping.copy_(table)
 
-    def clear(self) -> None:
+    def clear_sides(self) -> None:
         """Free every slot on both sides; the table goes back to all 0 and the trailing -1."""
-        self._group = None
-        self._held.clear()
         self.full_attn_allocator.clear()
         self.swa_attn_allocator.clear()
         self.full_to_swa_index_mapping.zero_()
@@ -519,7 +495,8 @@ class SWASlotAllocator(FreeGroup):
         table = self.full_to_swa_index_mapping.clone()
         try:
             self._match_window_slots(checked.slots, checked.mask)
-            self._kvcache.load_cpu_copy(snapshot, indices, mamba_indices=mamba_indices)
+            with self._kvcache.trusting(checked):  # checked once, above: not again
+                self._kvcache.load_cpu_copy(snapshot, indices, mamba_indices=mamba_indices)
         except BaseException:
             self.swa_attn_allocator.restore_state(state)
             self.full_to_swa_index_mapping.copy_(table)

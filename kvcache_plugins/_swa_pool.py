@@ -14,6 +14,8 @@ geometry), and offload reuses MHA's batched gathers.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -52,6 +54,8 @@ class CheckedSWASnapshot(NamedTuple):
     mask: torch.Tensor  # bool per slot, on the pool's device: the token had a window slot
     full: KVSnapshot
     swa: KVSnapshot
+    snapshot: object  # what was checked, as given: a trusted load must name these very objects
+    indices: object
 
 
 class SWAKVPool:
@@ -132,6 +136,7 @@ class SWAKVPool:
             check_write_slots=check_write_slots,
         )
         self.check_write_slots = self.full_pool.check_write_slots
+        self._trusted: CheckedSWASnapshot | None = None  # see trusting()
         # global layer id -> (local id in its sub-pool, is a window layer)
         self._layers: dict[int, tuple[int, bool]] = {g: (i, False) for i, g in enumerate(full_ids)}
         self._layers.update({g: (i, True) for i, g in enumerate(self.swa_layer_ids)})
@@ -309,7 +314,22 @@ class SWAKVPool:
         mask = snap.parts["swa_mask"].to(self.device)
         full = self.full_pool.check_snapshot(snap.children["full"], n)
         swa = self.swa_pool.check_snapshot(snap.children["swa"], int(mask.sum()))
-        return CheckedSWASnapshot(slots, mask, full, swa)
+        return CheckedSWASnapshot(slots, mask, full, swa, snapshot, indices)
+
+    @contextmanager
+    def trusting(self, checked: CheckedSWASnapshot) -> Iterator[None]:
+        """Within the block, ``load_cpu_copy`` of the very snapshot and indices that ``checked``
+        was made from writes them without checking them again.
+
+        Why: the SWA allocator checks a reload once (``check_cpu_copy``), gives the masked
+        tokens their window slots, then calls ``load_cpu_copy`` with the arguments it was given
+        (the contract: an allocator forwards offload calls as they are). The trust lasts for
+        the block only, and any other snapshot or indices are checked as usual."""
+        self._trusted = checked
+        try:
+            yield
+        finally:
+            self._trusted = None
 
     def load_cpu_copy(
         self,
@@ -327,7 +347,17 @@ class SWAKVPool:
         any, are left as they are. ``mamba_indices`` is ignored (see `get_cpu_copy`).
         """
         del mamba_indices  # no recurrent state in this pool (see get_cpu_copy)
-        checked = self.check_cpu_copy(snapshot, indices)
+        trusted = self._trusted
+        if trusted is not None and trusted.snapshot is snapshot and trusted.indices is indices:
+            self.load_checked(trusted)  # the allocator checked these very arguments
+        else:
+            self.load_checked(self.check_cpu_copy(snapshot, indices))
+
+    def load_checked(self, checked: CheckedSWASnapshot) -> None:
+        """Write a snapshot that `check_cpu_copy` accepted, without checking it again:
+        the SWA allocator checks a reload once, gives the masked tokens window slots, then
+        loads through this. What is checked here is what the allocator's step may change: every
+        masked token has a window slot, and no two share one."""
         target = self._mapping()[checked.slots][checked.mask]
         missing = target <= 0
         if bool(missing.any()):
@@ -344,5 +374,5 @@ class SWAKVPool:
             allow_duplicates=False,
             device=self.device,
         )
-        self.full_pool.load_cpu_copy(checked.full, checked.slots)
-        self.swa_pool.load_cpu_copy(checked.swa, target)
+        self.full_pool.load_checked(checked.full, checked.slots)
+        self.swa_pool.load_checked(checked.swa, target)

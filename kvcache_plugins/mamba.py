@@ -274,9 +274,10 @@ class HybridMambaKVPool:
         "restoring" state that was never saved, both resume a request from a wrong recurrence.
         """
         checked = self.check_cpu_copy(snapshot, indices, mamba_indices)
-        self.attention_pool.load_cpu_copy(checked.attention, checked.slots)
+        # checked once, above: each part is written as checked, never checked again
+        self.attention_pool.load_checked(checked.attention, checked.slots)
         if checked.mamba is not None and checked.mamba_slots is not None:
-            self.mamba_pool.load_cpu_copy(checked.mamba, checked.mamba_slots)
+            self.mamba_pool.load_checked(checked.mamba, checked.mamba_slots)
 
 
 class HybridMambaAllocator(PagedSlotAllocator):

@@ -175,7 +175,13 @@ class MHATokenToKVPool:
     ) -> None:
         """Write ``snapshot`` into the newly allocated slots ``indices`` (same count, order)."""
         slots = self._offload_slots(indices)
-        snapshot = self.check_snapshot(snapshot, slots.numel())
+        self.load_checked(self.check_snapshot(snapshot, slots.numel()), slots)
+
+    def load_checked(self, snapshot: KVSnapshot, slots: torch.Tensor) -> None:
+        """Write a snapshot that ``check_snapshot`` returned into ``slots`` (1-D int64 on the
+        pool's device, checked, as many as the snapshot's tokens). Nothing is checked again:
+        composite pools check every part of a reload once, before the first write, then load
+        each part through this."""
         self._k.scatter(slots, snapshot.parts["k"])
         self._v.scatter(slots, snapshot.parts["v"])
 

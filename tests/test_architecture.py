@@ -1,4 +1,4 @@
-"""Rules of the house (DESIGN.md section 1), checked on the source."""
+"""Rules of the house (docs/architecture.md, "Rules the tests enforce"), checked on the source."""
 
 from __future__ import annotations
 
@@ -104,3 +104,129 @@ def test_the_reference_engine_speaks_only_the_public_face():
         and not name.startswith("kvcache_core.engine")
     ]
     assert offenders == []
+
+
+# -- private attributes ------------------------------------------------------------------------
+
+#: The protected hooks [`FreeGroup`] documents for its subclasses (a mixin's contract with the
+#: class that mixes it in): the only private names a class may use from a base in another package.
+FREE_GROUP_HOOKS = frozenset({"_collect", "_flush_group", "_forget_collected", "_group"})
+
+
+def _names_defined(tree: ast.AST) -> set[str]:
+    """Every name a module defines: functions, classes, assigned names and attributes
+    (``anything._x = ...`` defines ``_x`` here), parameters and imported names."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                for part in ast.walk(target):
+                    if isinstance(part, ast.Attribute):
+                        names.add(part.attr)
+                    elif isinstance(part, ast.Name):
+                        names.add(part.id)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def private_attribute_offenders(sources: dict[str, str]) -> list[str]:
+    """``obj._name`` reads that reach into another module's privates.
+
+    ``sources`` maps a path (``package/module.py``) to its text. Two rules:
+
+    - on any object but ``self``/``cls`` (``self.side._reserve``, ``other._held``), a private
+      name must be defined in the same module: another module's object is used through its
+      public methods only;
+    - on ``self``/``cls``, it must be defined in the same package (a subclass may use its own
+      package's protected members) or be one of ``FREE_GROUP_HOOKS``.
+    """
+    trees = {path: ast.parse(text) for path, text in sources.items()}
+    defined = {path: _names_defined(tree) for path, tree in trees.items()}
+    by_package: dict[str, set[str]] = {}
+    for path, names in defined.items():
+        by_package.setdefault(path.rsplit("/", 1)[0], set()).update(names)
+    offenders: list[str] = []
+    for path, tree in trees.items():
+        package = by_package[path.rsplit("/", 1)[0]]
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute):
+                continue
+            name = node.attr
+            if not name.startswith("_") or name.startswith("__"):
+                continue
+            on_self = isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+            allowed = (package | FREE_GROUP_HOOKS) if on_self else defined[path]
+            if name not in allowed:
+                offenders.append(f"{path}:{node.lineno} reads {ast.unparse(node)}")
+    return sorted(offenders)
+
+
+def _package_sources() -> dict[str, str]:
+    return {
+        path.relative_to(ROOT).as_posix(): path.read_text(encoding="utf-8")
+        for package in ("kvcache_core", "kvcache_plugins")
+        for path in sorted((ROOT / package).rglob("*.py"))
+    }
+
+
+def test_no_module_reads_another_modules_private_attributes():
+    """Composite allocators once reached into ``PagedSlotAllocator``'s privates from the plugin
+    package (``self.full_attn_allocator._reserve(...)``); they use its public interface now."""
+    assert private_attribute_offenders(_package_sources()) == []
+
+
+def test_the_private_attribute_rule_catches_each_kind_of_reach():
+    """Who checks the rule: each kind of reach is reported, and what is allowed is not."""
+    sources = {
+        "core/alloc.py": (
+            "class Side:\n"
+            "    def __init__(self):\n"
+            "        self._reserve = 1\n"
+            "    def _settle(self):\n"
+            "        return self._reserve\n"
+        ),
+        "plugins/composite.py": (
+            "class Composite(Side):\n"
+            "    def __init__(self, side):\n"
+            "        self.side = side\n"
+            "        self._held = {}\n"
+            "    def alloc(self, other):\n"
+            "        self._held.clear()\n"  # own attribute: fine
+            "        self._collect(1)\n"  # a documented FreeGroup hook: fine
+            "        self.side._reserve\n"  # another module's private, on an attribute
+            "        other._settle()\n"  # on a parameter
+            "        return self._settle()\n"  # inherited across packages
+        ),
+        "plugins/sibling.py": "def peek(c):\n    return c._held\n",  # same package, other module
+    }
+    assert private_attribute_offenders(sources) == [
+        "plugins/composite.py:10 reads self._settle",
+        "plugins/composite.py:8 reads self.side._reserve",
+        "plugins/composite.py:9 reads other._settle",
+        "plugins/sibling.py:2 reads c._held",
+    ]
+
+
+def test_design_references_point_at_the_architecture_page():
+    """The founding design note is not in the repository: code, tests and docs that need the
+    design point at docs/architecture.md, which exists and is in the site's nav."""
+    import os
+
+    design_note = "DESIGN" + ".md"
+    offenders = []
+    for top, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in ("site", "build")]
+        for name in files:
+            if name.endswith((".py", ".md", ".yml", ".toml", ".cfg", ".ini")) or name == "Makefile":
+                path = Path(top) / name
+                if design_note in path.read_text(encoding="utf-8", errors="replace"):
+                    offenders.append(str(path.relative_to(ROOT)))
+    assert offenders == []
+    assert (ROOT / "docs" / "architecture.md").is_file()
+    assert "architecture.md" in (ROOT / "mkdocs.yml").read_text(encoding="utf-8")

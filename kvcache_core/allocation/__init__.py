@@ -9,14 +9,20 @@ types level can see).
 
 from __future__ import annotations
 
+from .composite import CompositeAllocator, SettledCall
 from .free_group import FreeGroup, free_calls_one_by_one
 from .offload import ForwardsOffload
-from .paged import PagedSlotAllocator, TokenSlotAllocator
+from .paged import DecodePlan, ExtendPlan, PagedSlotAllocator, SettleListener, TokenSlotAllocator
 
 __all__ = [
+    "CompositeAllocator",
+    "DecodePlan",
+    "ExtendPlan",
     "ForwardsOffload",
     "FreeGroup",
     "PagedSlotAllocator",
+    "SettleListener",
+    "SettledCall",
     "TokenSlotAllocator",
     "free_calls_one_by_one",
 ]

@@ -35,13 +35,18 @@ too needs a per-call read of the free set, which is what ``eager_checks`` costs.
 Every free call keeps its own verdict, wherever it came from: a free group ends by queueing each
 collected call as a call of its own (concatenating them would let one double free reject the
 whole group, or, with pages, hide it as two slots of one page in one call), and composite
-allocators (SWA, HiSparse) learn through `PagedSlotAllocator._on_settled` which of their
-calls were applied and which were rejected, so their second side follows the first exactly.
+allocators (SWA, HiSparse, yours: [`CompositeAllocator`][kvcache_core.CompositeAllocator])
+learn through [`PagedSlotAllocator.on_settled`][kvcache_core.PagedSlotAllocator.on_settled]
+which of their calls were applied and which were rejected, so their second side follows the
+first exactly.
 """
 
 from __future__ import annotations
 
+import ctypes
+from array import array
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -55,7 +60,13 @@ from ..errors import (
 from .free_group import FreeGroup
 from .offload import ForwardsOffload
 
-__all__ = ["PagedSlotAllocator", "TokenSlotAllocator"]
+__all__ = [
+    "DecodePlan",
+    "ExtendPlan",
+    "PagedSlotAllocator",
+    "SettleListener",
+    "TokenSlotAllocator",
+]
 
 _CPU = torch.device("cpu")
 _INDEX_DTYPES = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8})
@@ -70,6 +81,38 @@ _MAX_PENDING_IDS = 16384
 _SERIAL_OP_SIZE = 32768
 _TENSOR = torch.Tensor
 _INT64 = torch.int64
+#: Ids split at once into one-id views for ``alloc(1)`` (see ``_FreeIds.take_one``).
+_SINGLES_BLOCK = 64
+
+SettleListener = Callable[[list[torch.Tensor], list[torch.Tensor], frozenset[int]], None]
+"""What [`PagedSlotAllocator.on_settled`][kvcache_core.PagedSlotAllocator.on_settled] is called
+with at every settle: the queued calls (the very tensors
+[`queue_free`][kvcache_core.PagedSlotAllocator.queue_free] got), their host copies (the same
+tensors on a host allocator, one transfer for the whole queue otherwise) and the positions of
+the rejected calls."""
+
+
+class ExtendPlan(NamedTuple):
+    """What an ``alloc_extend`` call will take, checked and changing nothing
+    ([`PagedSlotAllocator.plan_extend`][kvcache_core.PagedSlotAllocator.plan_extend])."""
+
+    requests: list[tuple[int, int, int]]
+    """Per request: (first slot that continues its partial page, how many tokens continue it,
+    how many tokens go to new pages)."""
+    new_pages: int
+    """Fresh pages the call takes in all."""
+
+
+class DecodePlan(NamedTuple):
+    """What an ``alloc_decode`` call will take, checked and changing nothing
+    ([`PagedSlotAllocator.plan_decode`][kvcache_core.PagedSlotAllocator.plan_decode])."""
+
+    last_locs: list[int]
+    """Each request's ``last_loc``, as host integers."""
+    starts_page: list[bool]
+    """Whether each request's new token starts a fresh page (True) or continues its last one."""
+    new_pages: int
+    """Fresh pages the call takes in all."""
 
 
 def _to_host(calls: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -94,6 +137,23 @@ def _one_transfer(calls: list[torch.Tensor]) -> list[torch.Tensor]:
     return list(whole.split_with_sizes([c.numel() for c in calls]))
 
 
+def _host_ints(values: torch.Tensor) -> list[int]:
+    """``values`` flattened into Python ints (one host read)."""
+    flat = (values if values.dim() == 1 else values.reshape(-1)).tolist()
+    if values.is_floating_point() or values.dtype == torch.bool:
+        return [int(x) for x in flat]
+    return flat
+
+
+def _int64_tensor(values: list[int]) -> torch.Tensor:
+    """A host int64 tensor of ``values``. Why not ``torch.tensor(values)``: that converts
+    element by element, about three times slower for a decode step's few dozen ids than
+    viewing a packed ``array`` (the tensor keeps the array alive)."""
+    if not values:
+        return torch.empty(0, dtype=torch.int64)
+    return torch.frombuffer(array("q", values), dtype=torch.int64)
+
+
 class _FreeIds:
     """Free ids ``1..count`` as a stack of immutable chunks.
 
@@ -107,21 +167,37 @@ class _FreeIds:
     freeing it is refused). ``take`` only records what it handed out; both directions are
     applied in bulk with ``index_add_``, and a returned batch is good exactly when every one of
     its ids then reads 1: a repeated id or an id that was already free reads 2 or more.
+
+    Single ids (``alloc(1)``, a decode step at page size 1) come from a block of the top chunk
+    split into one-id views at once (``take_one``): one torch call per 64 ids instead of one
+    per id, which is most of what an ``alloc(1)`` costs. The block is taken off the stack when
+    it is split and whatever is left of it goes back (``_flush_singles``) before anything else
+    reads or changes the stack, so order, marks and backups are exactly as without it.
     """
 
     def __init__(self, count: int) -> None:
         self.count = count
         self.is_free = torch.ones(count + 1, dtype=torch.int32)
+        # The same memory as a ctypes array: a decode step reads a few dozen marks one by one
+        # faster in Python than a gather, a reduction and a read back cost in torch. Valid as
+        # long as ``is_free`` lives: it is only ever written in place.
+        self.marks = (ctypes.c_int32 * (count + 1)).from_address(self.is_free.data_ptr())
         self._ones = torch.ones(count + 1, dtype=torch.int32)
         # scratch for de-duplicating pages, made on first use (a token allocator never needs it)
         self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None
         self._chunks: list[torch.Tensor] = []
         self._start = 0
         self._taken: list[torch.Tensor] = []
+        # one-id views of ``_block`` not handed out yet, the next one last (see the class doc)
+        self._singles: list[torch.Tensor] = []
+        self._block: torch.Tensor | None = None
+        self._block_popped = False  # whether the block was the whole rest of its chunk
         self.top = 0  # how many ids are free
         self.reset()
 
     def reset(self) -> None:
+        self._singles = []
+        self._block = None
         self._chunks = [torch.arange(1, self.count + 1, dtype=torch.int64)]
         self._start = 0  # ids before this offset in the top chunk are handed out
         self.is_free.fill_(1)
@@ -130,6 +206,8 @@ class _FreeIds:
 
     def take(self, n: int) -> torch.Tensor:
         """``n`` free ids (the caller checked ``n <= top``)."""
+        if self._block is not None:
+            self._flush_singles()
         if n == 0:
             return torch.empty(0, dtype=torch.int64)
         chunks = self._chunks
@@ -162,6 +240,50 @@ class _FreeIds:
         self._taken.append(ids)
         return ids
 
+    def take_one(self) -> torch.Tensor:
+        """One free id as a 1-element tensor (the caller checked ``top >= 1``)."""
+        if not self._singles:
+            self._split_block()
+        self.top -= 1
+        return self._singles.pop()
+
+    def _split_block(self) -> None:
+        """Split up to ``_SINGLES_BLOCK`` ids of the top chunk into one-id views."""
+        self._flush_singles()
+        chunks = self._chunks
+        chunk = chunks[-1]
+        start = self._start
+        left = chunk.numel() - start
+        k = min(left, _SINGLES_BLOCK)
+        block = chunk if not start and k == left else chunk.narrow(0, start, k)
+        if k == left:  # the whole rest of the chunk
+            chunks.pop()
+            self._start = 0
+        else:
+            self._start = start + k
+        self._block_popped = k == left
+        self._block = block
+        singles = list(block.reshape(k, 1).unbind(0))
+        singles.reverse()
+        self._singles = singles
+
+    def _flush_singles(self) -> None:
+        """Record the block's handed-out ids as taken and put the rest back on the stack."""
+        block = self._block
+        if block is None:
+            return
+        self._block = None
+        remaining = len(self._singles)
+        consumed = block.numel() - remaining
+        if consumed:
+            self._taken.append(block.narrow(0, 0, consumed) if remaining else block)
+        if remaining:
+            self._singles = []
+            if self._block_popped:  # nothing went above it since: it is the top again
+                self._chunks.append(block.narrow(0, consumed, remaining))
+            else:
+                self._start -= remaining
+
     def _ones_of(self, n: int) -> torch.Tensor:
         """``n`` ones (a view of a preallocated buffer when it is long enough)."""
         if n <= self._ones.numel():
@@ -170,6 +292,8 @@ class _FreeIds:
 
     def sync_marks(self) -> None:
         """Mark everything handed out since the last sync as not free."""
+        if self._block is not None:
+            self._flush_singles()
         if self._taken:
             taken = self._taken[0] if len(self._taken) == 1 else torch.cat(self._taken)
             self._taken.clear()
@@ -281,6 +405,8 @@ class _FreeIds:
 
     def _seal_top(self) -> None:
         """Cut the consumed head off the top chunk before another chunk goes above it."""
+        if self._block is not None:
+            self._flush_singles()
         if self._start:
             top = self._chunks.pop()
             if top.numel() > self._start:
@@ -294,6 +420,8 @@ class _FreeIds:
 
     def restore(self, state: tuple[tuple[torch.Tensor, ...], int]) -> None:
         chunks, top = state
+        self._singles = []
+        self._block = None
         self._chunks = list(chunks)
         self._start = 0
         self.top = top
@@ -305,18 +433,17 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
 
     Page ``p`` covers slots ``[p * P, (p + 1) * P)``; page 0 (slot 0 and its page) is reserved.
 
-    For composite allocators that own one per side (SWA, HiSparse), these underscore members
-    are a protected interface, kept as described here:
+    What a composite allocator (one that owns one of these per side, built on
+    [`CompositeAllocator`][kvcache_core.CompositeAllocator]) needs is public and kept:
 
-    - `_on_settled` (set it): called at every settle with each queued call's verdict.
-    - `_enqueue`: queue a call the composite owns, checked at the settle like a
-      ``free``; `_settle_if_due` settles when the queue reached its bound.
-    - `_settle`: check and merge the queue now; `_reserve`: whether ``pages``
-      are free, settling only when the stack is short; `_alloc_pages`: ``alloc`` that
-      returns host page ids.
-    - `_allocated`: which slots lie in handed-out pages (queued frees not counted).
-    - `_pages_for`, `_extend_plan`, `_decode_plan`: check an ``alloc*``
-      call without changing anything. `_check_every_last_loc`: see ``__init__``.
+    - plans: `pages_for`, `plan_extend`, `plan_decode` check an ``alloc*`` call without
+      changing anything, so a composite rejects a bad call before either side moves;
+    - room: `has_room` says whether pages are free, settling queued frees only when short;
+    - pages: `take_pages` is ``alloc`` returning host page ids (no copy back from a device);
+    - frees: `queue_free` queues a call the composite owns, `settle_if_due` settles at the
+      queue's bound, `check_frees` settles now, `allocated` says which slots are held;
+    - verdicts: `on_settled` (set it) hears each queued call's verdict at every settle;
+    - `check_every_last_loc`: whether ``alloc_decode`` checks every ``last_loc``.
     """
 
     def __init__(
@@ -348,18 +475,15 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
         self.eager_checks = eager_checks
         """Check each host-side free on the spot instead of in the next batch (debugging)."""
         self._on_host = self.device.type == "cpu"
-        #: Set by a composite allocator that owns this one: called at every settle with the
-        #: queued calls (the very tensors `_enqueue` got), their host copies (the same
-        #: tensors on a host allocator; made with one transfer for the whole queue otherwise)
-        #: and the positions of the rejected ones, before any error is raised, so the composite
-        #: can release or roll back its own side of each call.
-        self._on_settled: (
-            Callable[[list[torch.Tensor], list[torch.Tensor], frozenset[int]], None] | None
-        ) = None
-        #: Whether ``alloc_decode`` checks ``last_loc`` for every request with a prefix. A
-        #: window side (SWA) turns this off: its ``last_loc`` is a translated one, 0 once the
-        #: token left the window, and matters only when the new slot continues its page.
-        self._check_every_last_loc = True
+        self.on_settled: SettleListener | None = None
+        """Set by a composite allocator that owns this one: called at every settle with the
+        queued calls, their host copies and the positions of the rejected ones (see
+        [`SettleListener`][kvcache_core.SettleListener]), before any error is raised, so the
+        composite can release or roll back its own side of each call."""
+        self.check_every_last_loc = True
+        """Whether ``alloc_decode`` checks ``last_loc`` for every request with a prefix. A
+        window side (SWA) turns this off: its ``last_loc`` is a translated one, 0 once the
+        token left the window, and matters only when the new slot continues its page."""
 
     # -- bookkeeping -----------------------------------------------------------------------
     def _settle(self) -> None:
@@ -374,11 +498,12 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
         except KVCacheError:
             self._give_back_one_by_one(pending, calls)
         else:
-            if self._on_settled is not None:
-                self._on_settled(pending, calls, frozenset())
+            if self.on_settled is not None:
+                self.on_settled(pending, calls, frozenset())
 
-    def _allocated(self, slots: torch.Tensor) -> torch.Tensor:
-        """Which of ``slots`` (host int64) lie in handed-out pages (queued frees not counted).
+    def allocated(self, slots: torch.Tensor) -> torch.Tensor:
+        """A bool mask: which of ``slots`` (host int64, valid slots) lie in handed-out pages;
+        queued frees are not counted (call `check_frees` first to count them).
 
         For composites rolling back a rejected call at settle time: a later call of the same
         batch may have freed the same slots, and then they are not to be put back.
@@ -386,8 +511,11 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
         self._free.sync_marks()
         return torch.index_select(self._free.is_free, 0, slots // self.page_size) == 0
 
-    def _settle_if_due(self) -> None:
-        """Settle when the queue reached its bound (or at once, with eager checks)."""
+    def settle_if_due(self) -> None:
+        """Settle when the queue reached its bound (or at once, with eager checks).
+
+        A composite that queued calls with ``queue_free(..., settle_if_due=False)`` (say, a
+        whole free group) calls this once afterwards."""
         pending = self._pending
         if (
             len(pending) >= _MAX_PENDING_CALLS
@@ -405,8 +533,8 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
                 self._give_back([call])
             except KVCacheError as exc:
                 failures.append((number, exc))
-        if self._on_settled is not None:
-            self._on_settled(pending, calls, frozenset(number - 1 for number, _ in failures))
+        if self.on_settled is not None:
+            self.on_settled(pending, calls, frozenset(number - 1 for number, _ in failures))
         number, first = failures[0]
         context = (
             f" (queued free call {number} of {len(calls)}; "
@@ -425,8 +553,10 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
         groups = torch.repeat_interleave(torch.arange(len(calls)), sizes)
         self._free.give_back(slots // self.page_size, groups, what="page")
 
-    def _reserve(self, pages: int) -> bool:
-        """Whether ``pages`` free pages exist, merging queued frees only when the stack is short."""
+    def has_room(self, pages: int) -> bool:
+        """Whether ``pages`` free pages exist, settling queued frees only when the stack is
+        short (so a call with room reads nothing back). A composite asks each side before it
+        takes from any, so that a short side leaves every side untouched."""
         if pages > self._free.top:
             self._settle()
         return pages <= self._free.top
@@ -446,30 +576,40 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
         """``need_size`` slots (whole pages), or None when they do not fit; never partial."""
+        if need_size == 1 and self.page_size == 1 and self._on_host:
+            # A decode step at page size 1: a one-id view split ahead, no torch call.
+            free = self._free
+            singles = free._singles
+            if singles:
+                free.top -= 1
+                return singles.pop()
+            if free.top:
+                return free.take_one()
         page_size = self.page_size
         pages, rest = divmod(need_size, page_size)
         if rest or need_size < 0:
-            self._pages_for(need_size)  # raises
+            self.pages_for(need_size)  # raises
         free = self._free
-        if pages > free.top and not self._reserve(pages):
+        if pages > free.top and not self.has_room(pages):
             return None
         ids = free.take(pages)
         if page_size != 1:
             ids = self._slots_of(ids)
         return ids if self._on_host else ids.to(self.device)
 
-    def _alloc_pages(self, pages: int) -> torch.Tensor | None:
+    def take_pages(self, pages: int) -> torch.Tensor | None:
         """``pages`` free page ids on the host, or None (taking nothing) when they do not fit:
-        what `alloc` hands out before it becomes slots on the device. For composites
-        that keep host tables, so that they need not copy the slots back (a host sync). The
-        result is a view of the free stack: never write it."""
-        if not self._reserve(pages):
+        what ``alloc`` hands out before it becomes slots on the device. For composites that
+        keep host tables, so that they need not copy the slots back (a host sync). The result
+        is a view of the free stack: never write it."""
+        if not self.has_room(pages):
             return None
         return self._free.take(pages)
 
-    def _pages_for(self, need_size: int) -> int:
-        """The pages ``alloc(need_size)`` takes, or the error a bad ``need_size`` gets
-        (composites check it before they look at room on their other side)."""
+    def pages_for(self, need_size: int) -> int:
+        """The pages ``alloc(need_size)`` takes; raises the
+        [`AllocatorError`][kvcache_core.AllocatorError] a bad ``need_size`` gets (composites
+        check it before they look at room on their other side)."""
         pages, rest = divmod(need_size, self.page_size)
         if rest or need_size < 0:
             raise AllocatorError(
@@ -491,7 +631,7 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
             and indices.dim() == 1
         ):
             n = indices.numel()
-            if n:  # `_enqueue`, inlined: a method call here costs 5% of a cycle
+            if n:  # `queue_free`, inlined: a method call here costs 5% of a cycle
                 pending = self._pending
                 pending.append(indices.clone())
                 self._pending_ids += n
@@ -516,7 +656,7 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
             return
         if self._collect(indices):
             return
-        self._enqueue(self._own(indices))
+        self.queue_free(self._own(indices))
 
     def _own(self, indices: torch.Tensor) -> torch.Tensor:
         """A 1-D int64 copy of ``indices`` (on the host for a host allocator).
@@ -534,14 +674,16 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
             indices = indices.cpu()  # a host allocator keeps its queue on the host
         return indices
 
-    def _enqueue(self, owned: torch.Tensor, *, settle_if_due: bool = True) -> None:
+    def queue_free(self, owned: torch.Tensor, *, settle_if_due: bool = True) -> None:
         """Queue one free call that a composite owner already checked and copied (1-D int64 on
-        this allocator's device, never written again); its verdict comes back through
-        `_on_settled` with this very tensor."""
+        this allocator's device, never written again by anyone); it is checked at the settle
+        like a ``free``, and its verdict comes back through `on_settled` with this very tensor.
+        ``settle_if_due=False`` leaves the queue as it is even past its bound (the caller then
+        calls `settle_if_due`)."""
         self._pending.append(owned)
         self._pending_ids += owned.numel()
         if settle_if_due:
-            self._settle_if_due()
+            self.settle_if_due()
 
     def _free_calls(self, calls: list[torch.Tensor]) -> None:
         """End of a free group: each collected call is queued as a call of its own, so a bad
@@ -550,7 +692,7 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
         owned = [self._own(c) for c in calls if c.numel()]
         self._pending.extend(owned)
         self._pending_ids += sum(c.numel() for c in owned)
-        self._settle_if_due()
+        self.settle_if_due()
 
     def check_frees(self) -> None:
         """Check and merge queued frees now, raising on a bad one (see the module doc)."""
@@ -611,14 +753,23 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
         whole new pages. Returns the concatenated slots, or None (consuming nothing) when the new
         pages do not fit.
         """
-        plan, new_pages = self._extend_plan(prefix_lens, seq_lens, last_loc, extend_num_tokens)
-        if not self._reserve(new_pages):
+        return self.take_extend(
+            self.plan_extend(prefix_lens, seq_lens, last_loc, extend_num_tokens)
+        )
+
+    def take_extend(self, plan: ExtendPlan) -> torch.Tensor | None:
+        """Carry out a checked [`plan_extend`][kvcache_core.PagedSlotAllocator.plan_extend]
+        plan: the slots ``alloc_extend`` returns, or None (taking nothing) when the new pages do
+        not fit. The plan must be fresh (nothing allocated or freed since it was made), which
+        is how a composite checks a call once and then takes from each side."""
+        new_pages = plan.new_pages
+        if not self.has_room(new_pages):
             return None
         P = self.page_size
         pages = self._free.take(new_pages)
         out: list[torch.Tensor] = []
         cursor = 0
-        for start, partial, rest in plan:
+        for start, partial, rest in plan.requests:
             if partial:
                 out.append(torch.arange(start, start + partial, dtype=torch.int64))
             if rest:
@@ -628,16 +779,18 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
         result = torch.cat(out) if out else torch.empty(0, dtype=torch.int64)
         return self._out(result)
 
-    def _extend_plan(
+    def plan_extend(
         self,
         prefix_lens: torch.Tensor,
         seq_lens: torch.Tensor,
         last_loc: torch.Tensor,
         extend_num_tokens: int,
-    ) -> tuple[list[tuple[int, int, int]], int]:
-        """Check an ``alloc_extend`` call without changing anything; return, per request,
-        (first partial slot, partial count, new tokens) and the number of new pages.
-        Composite allocators call it to reject a bad call before either side moves."""
+    ) -> ExtendPlan:
+        """Check an ``alloc_extend`` call without changing anything and say what it takes
+        ([`ExtendPlan`][kvcache_core.ExtendPlan]); a bad call raises
+        [`AllocatorError`][kvcache_core.AllocatorError] (a stale ``last_loc`` settles queued
+        frees first). Composite allocators call it to reject a bad call before either side
+        moves."""
         prefixes = [int(x) for x in prefix_lens.reshape(-1).tolist()]
         seqs = [int(x) for x in seq_lens.reshape(-1).tolist()]
         lasts = [int(x) for x in last_loc.reshape(-1).tolist()]
@@ -663,47 +816,63 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
             plan.append((last + 1, partial, rest))
             new_pages += -(-rest // P)
         self._check_last_locs(continued)
-        return plan, new_pages
+        return ExtendPlan(plan, new_pages)
 
     def alloc_decode(self, seq_lens: torch.Tensor, last_loc: torch.Tensor) -> torch.Tensor | None:
         """One slot per request; ``seq_lens`` include the new token."""
-        lasts, needs_page = self._decode_plan(seq_lens, last_loc)
-        fresh_pages = sum(needs_page)
-        if not self._reserve(fresh_pages):
-            return None
-        P = self.page_size
-        pages = iter(self._free.take(fresh_pages).tolist())
-        result = [
-            next(pages) * P if fresh else last + 1
-            for last, fresh in zip(lasts, needs_page, strict=True)
-        ]
-        return self._out(torch.tensor(result, dtype=torch.int64))
+        return self.take_decode(self.plan_decode(seq_lens, last_loc))
 
-    def _decode_plan(
-        self, seq_lens: torch.Tensor, last_loc: torch.Tensor
-    ) -> tuple[list[int], list[bool]]:
-        """Check an ``alloc_decode`` call without changing anything; return the last slots and
-        which requests start a new page.
+    def take_decode(self, plan: DecodePlan) -> torch.Tensor | None:
+        """Carry out a checked [`plan_decode`][kvcache_core.PagedSlotAllocator.plan_decode]
+        plan: the slots ``alloc_decode`` returns, or None (taking nothing) when the fresh pages
+        do not fit. The plan must be fresh, as for
+        [`take_extend`][kvcache_core.PagedSlotAllocator.take_extend]."""
+        lasts, needs_page, fresh_pages = plan
+        if fresh_pages > self._free.top and not self.has_room(fresh_pages):
+            return None
+        if not fresh_pages:
+            result = [last + 1 for last in lasts]
+        else:
+            P = self.page_size
+            pages = iter(self._free.take(fresh_pages).tolist())
+            result = [
+                next(pages) * P if fresh else last + 1
+                for last, fresh in zip(lasts, needs_page, strict=True)
+            ]
+        return self._out(_int64_tensor(result))
+
+    def plan_decode(self, seq_lens: torch.Tensor, last_loc: torch.Tensor) -> DecodePlan:
+        """Check an ``alloc_decode`` call without changing anything and say what it takes
+        ([`DecodePlan`][kvcache_core.DecodePlan]); a bad call raises
+        [`AllocatorError`][kvcache_core.AllocatorError].
 
         Every request with a prefix must name a slot it holds: a ``last_loc`` in a free page
         (settled or still queued) means the caller's table is stale, and handing out the slot
         after it, or a page as if the request were fine, would corrupt another request.
+
+        One pass over the requests in Python (a decode step is a few dozen of them, where each
+        torch call costs more than the loop) and one vectorised read of the free marks.
         """
-        seqs = [int(x) for x in seq_lens.reshape(-1).tolist()]
-        lasts = [int(x) for x in last_loc.reshape(-1).tolist()]
+        seqs = _host_ints(seq_lens)
+        lasts = _host_ints(last_loc)
         if len(seqs) != len(lasts):
             raise AllocatorError("seq_lens and last_loc must have the same length")
+        if seqs and min(seqs) < 1:
+            bad = next(s for s in seqs if s < 1)
+            raise AllocatorError(f"seq_len must be >= 1 for decode, got {bad}")
         P = self.page_size
-        needs_page = [(s - 1) % P == 0 for s in seqs]
-        every = self._check_every_last_loc
-        checked: list[tuple[int, int]] = []
-        for s, last, fresh in zip(seqs, lasts, needs_page, strict=True):
-            if s < 1:
-                raise AllocatorError(f"seq_len must be >= 1 for decode, got {s}")
-            if s > 1 and (every or not fresh):
-                checked.append((last, s - 1))
+        needs_page = [True] * len(seqs) if P == 1 else [(s - 1) % P == 0 for s in seqs]
+        # the requests whose last_loc is looked up: (last_loc, tokens before), in order
+        if self.check_every_last_loc:
+            checked = [(last, s - 1) for s, last in zip(seqs, lasts, strict=True) if s > 1]
+        else:
+            checked = [
+                (last, s - 1)
+                for s, last, fresh in zip(seqs, lasts, needs_page, strict=True)
+                if not fresh
+            ]
         self._check_last_locs(checked)
-        return lasts, needs_page
+        return DecodePlan(lasts, needs_page, needs_page.count(True))
 
     def _check_last_locs(self, requests: list[tuple[int, int]]) -> None:
         """Each ``(last_loc, tokens before)`` must be a held slot at the offset its length says.
@@ -714,19 +883,26 @@ class PagedSlotAllocator(FreeGroup, ForwardsOffload):
         if not requests:
             return
         P = self.page_size
-        for last, tokens_before in requests:
-            if last < P or last >= self.size + P or last % P != (tokens_before - 1) % P:
-                raise AllocatorError(
-                    f"last_loc {last} cannot be the last slot of a request holding "
-                    f"{tokens_before} tokens with page_size {P}"
-                )
+        limit = self.size + P
+        bad = [
+            (last, before)
+            for last, before in requests
+            if last < P or last >= limit or last % P != (before - 1) % P
+        ]
+        if bad:
+            last, tokens_before = bad[0]
+            raise AllocatorError(
+                f"last_loc {last} cannot be the last slot of a request holding "
+                f"{tokens_before} tokens with page_size {P}"
+            )
+        pages = [last // P for last, _ in requests] if P > 1 else [last for last, _ in requests]
         if self._pending:
             self._settle()
         self._free.sync_marks()
-        lasts = torch.tensor([last for last, _ in requests], dtype=torch.int64)
-        free = torch.index_select(self._free.is_free, 0, lasts // P).bool()
-        if bool(free.any()):
-            last = int(lasts[free][0])
+        marks = self._free.marks
+        free = [i for i, page in enumerate(pages) if marks[page]]
+        if free:
+            last = requests[free[0]][0]
             where = f"slot {last}" if P == 1 else f"page {last // P}"
             raise AllocatorError(
                 f"last_loc {last} lies in {where}, which is free: the request's slots were "
