@@ -14,6 +14,8 @@ from kvcache_core import discover
 from kvcache_core.conformance.model import Outcome
 
 RENAMED = """
+import types
+
 from kvcache_core import PoolSpec, hookimpl
 from kvcache_plugins import swa
 from kvcache_plugins._swa_allocator import SWASlotAllocator
@@ -29,6 +31,24 @@ RenamedWindowAllocator = type(
     SWASlotAllocator.__bases__,
     {**_methods, "release_window": SWASlotAllocator.free_swa, "__module__": __name__},
 )
+
+
+# Methods that call zero-argument super() close over SWASlotAllocator; point them at the copy so
+# super() resolves in its MRO (the copy is not a subclass: it must not inherit free_swa).
+def _rebound(f, cls):
+    if not (isinstance(f, types.FunctionType) and "__class__" in f.__code__.co_freevars):
+        return f
+    cells = tuple(
+        types.CellType(cls) if name == "__class__" else cell
+        for name, cell in zip(f.__code__.co_freevars, f.__closure__)
+    )
+    g = types.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__, cells)
+    g.__kwdefaults__, g.__qualname__ = f.__kwdefaults__, f.__qualname__
+    return g
+
+
+for _name, _value in list(vars(RenamedWindowAllocator).items()):
+    setattr(RenamedWindowAllocator, _name, _rebound(_value, RenamedWindowAllocator))
 
 
 def create(config):
