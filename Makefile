@@ -20,6 +20,8 @@ check: setup
 	$(BIN)/kvcache list
 	$(BIN)/kvcache check
 	$(BIN)/kvcache demo
+	$(BIN)/kvcache demo --instances 2 --store memory:
+	$(BIN)/kvcache demo --engine transformers --model qwen2-swa
 
 lint: setup
 	$(BIN)/ruff check .
