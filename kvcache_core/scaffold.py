@@ -109,7 +109,7 @@ _KIND_NOTES = {
         "A logical K/V store of `size` slots of which `device_size` are resident in the "
         "device buffers kernels read; the allocator (`allocator.py`) owns the logical -> "
         "device table and is a `CompositeAllocator` over logical and device "
-        "`PagedSlotAllocator`s, page size 1."
+        "`PagedSlotAllocator`s, with residency by page (paged)."
     ),
 }
 
