@@ -99,7 +99,8 @@ _KIND_NOTES = {
     "swa": (
         "Full-attention layers in `size` slots, sliding-window layers in `swa_size` slots, and "
         "the full -> window table the allocator (`allocator.py`) owns. The allocator is a "
-        "`CompositeAllocator` over full and window `PagedSlotAllocator`s, page size 1."
+        "`CompositeAllocator` over full and window `PagedSlotAllocator`s, with one window "
+        "page per full page (paged)."
     ),
     "mamba": (
         "Attention layers' K and V by token slot plus each Mamba layer's recurrent state by "

@@ -2,8 +2,8 @@
 built on ``CompositeAllocator`` over two ``PagedSlotAllocator``s, follow the token side's free
 verdicts. A free takes the second side's slots out of the table at once; an applied free gives
 them back exactly once, a rejected one (a double free, a slot named twice) changes nothing on
-either side; backup/restore brings back both sides and the table. HiSparse is paged (its
-residency is by page), SWA allocates single tokens.
+either side; backup/restore brings back both sides and the table. Both are paged: a full (or
+logical) page owns at most one window (or device) page, at the same offsets.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ _HISPARSE = dict(size=16, layer_num=1, kv_lora_rank=4, qk_rope_head_dim=2, hispa
 # kind -> (config, table attribute, "no second slot" value, counts of the two sides)
 _KINDS = {
     "swa": (
-        dict(size=8, layer_num=2, head_num=1, head_dim=4, swa_layer_ids=(1,), swa_size=6),
+        dict(size=16, layer_num=2, head_num=1, head_dim=4, swa_layer_ids=(1,), swa_size=12),
         "full_to_swa_index_mapping",
         0,
         ("full_available_size", "swa_available_size"),
@@ -34,7 +34,7 @@ _KINDS = {
         ("logical_available_size", "device_available_size"),
     ),
 }
-_CASES = [("swa", 1), ("hisparse", 1), ("hisparse", 4)]
+_CASES = [("swa", 1), ("swa", 4), ("hisparse", 1), ("hisparse", 4)]
 
 
 def _generate(kind, module, tmp_path, monkeypatch):
@@ -184,7 +184,73 @@ def test_hisparse_decode_continues_a_page_made_non_resident(generated_module):
     assert torch.equal(pool.get_mla_kv_buffer(layer, first)[0][:, 0, 0], torch.full((2,), 3.0))
 
 
-def test_swa_refuses_a_page_size_other_than_one(generated_module):
+@pytest.mark.parametrize("page", [1, 4])
+def test_swa_window_pages_follow_their_full_pages(page, generated_module):
     plugin = generated_module("swa")
-    with pytest.raises(ValueError, match="page_size must be 1, got 2"):
-        plugin.create(PoolConfig(page_size=2, **_KINDS["swa"][0]))
+    config = _KINDS["swa"][0]
+    pool, alloc = plugin.create(PoolConfig(dtype=torch.float32, page_size=page, **config))
+    mapping = alloc.full_to_swa_index_mapping
+    first = alloc.alloc_extend(torch.tensor([0]), torch.tensor([3]), torch.tensor([-1]), 3)
+    window = mapping[first]
+    assert bool((window > 0).all()) and torch.equal(window % page, first % page)
+    alloc.free_swa(first[:1])  # the token left the window: its whole page does (paged)
+    gone = first[:page] if page > 1 else first[:1]
+    assert bool((mapping[gone] == 0).all())
+    assert alloc.swa_available_size() == pool.swa_size - (3 - gone.numel() if page == 1 else 0)
+    nxt = alloc.alloc_decode(torch.tensor([4]), first[-1:])  # continues the page
+    assert int(nxt) == int(first[-1]) + 1
+    assert int(mapping[nxt]) > 0 and int(mapping[nxt]) % page == int(nxt) % page
+    spare = alloc.alloc(page)
+    alloc.free(spare)
+    with pytest.raises(DoubleFreeError):
+        alloc.free_swa(spare)  # freed (the verdict comes first)
+    alloc.free(torch.cat([first, nxt]))
+    assert alloc.swa_available_size() == pool.swa_size
+
+
+def test_swa_reload_short_of_window_slots_changes_nothing(generated_module):
+    plugin = generated_module("swa")
+    config = _KINDS["swa"][0]
+    _, alloc = plugin.create(PoolConfig(dtype=torch.float32, page_size=4, **config))
+    mapping = alloc.full_to_swa_index_mapping
+    old = alloc.alloc(8)
+    snapshot = alloc.get_cpu_copy(old)  # every token has a window slot
+    alloc.free(old)  # retracted
+    new = alloc.alloc(8)
+    alloc.free_swa(new)  # the reload target without window slots: 3 window pages free
+    hog = alloc.alloc(8)  # 1 window page left; the reload needs 2
+    before, free = mapping.clone(), alloc.swa_available_size()
+    with pytest.raises(KVCacheError, match="window slot"):
+        alloc.load_cpu_copy(snapshot, new)
+    assert torch.equal(mapping, before) and alloc.swa_available_size() == free
+    alloc.free(hog)
+    alloc.load_cpu_copy(snapshot, new)
+    assert bool((mapping[new] > 0).all())
+
+
+def test_swa_reload_matches_the_mask_page_by_page_and_rolls_back_a_refusal(
+    generated_module, monkeypatch
+):
+    plugin = generated_module("swa")
+    config = _KINDS["swa"][0]
+    pool, alloc = plugin.create(PoolConfig(dtype=torch.float32, page_size=4, **config))
+    mapping = alloc.full_to_swa_index_mapping
+    old = alloc.alloc(8)
+    alloc.free_swa(old[:4])  # the first page left the window
+    snapshot = alloc.get_cpu_copy(old)
+    assert snapshot.parts["swa_mask"].tolist() == [False] * 4 + [True] * 4
+    alloc.free(old)
+    new = alloc.alloc(8)  # both pages get window pages
+    before, free = mapping.clone(), alloc.swa_available_size()
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("the pool refused")
+
+    monkeypatch.setattr(pool, "load_cpu_copy", refuse)
+    with pytest.raises(RuntimeError, match="refused"):
+        alloc.load_cpu_copy(snapshot, new)
+    assert torch.equal(mapping, before) and alloc.swa_available_size() == free
+    monkeypatch.undo()
+    alloc.load_cpu_copy(snapshot, new)
+    assert (mapping[new] > 0).tolist() == [False] * 4 + [True] * 4
+    assert alloc.swa_available_size() == pool.swa_size - 4  # the unwanted page went back
