@@ -98,8 +98,9 @@ _KIND_NOTES = {
     ),
     "swa": (
         "Full-attention layers in `size` slots, sliding-window layers in `swa_size` slots, and "
-        "the full -> window table the allocator (`allocator.py`) owns. The allocator is "
-        "token-granular (page size 1)."
+        "the full -> window table the allocator (`allocator.py`) owns. The allocator is a "
+        "`CompositeAllocator` over full and window `PagedSlotAllocator`s, with one window "
+        "page per full page (paged)."
     ),
     "mamba": (
         "Attention layers' K and V by token slot plus each Mamba layer's recurrent state by "
@@ -108,7 +109,8 @@ _KIND_NOTES = {
     "hisparse": (
         "A logical K/V store of `size` slots of which `device_size` are resident in the "
         "device buffers kernels read; the allocator (`allocator.py`) owns the logical -> "
-        "device table and is token-granular (page size 1)."
+        "device table and is a `CompositeAllocator` over logical and device "
+        "`PagedSlotAllocator`s, with residency by page (paged)."
     ),
 }
 
