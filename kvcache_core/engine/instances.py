@@ -202,10 +202,12 @@ class ResumingScheduler(Scheduler):
             message = receive(0.2 if idle else 0.0)
             while message is not None:
                 if message == _END:
+                    # Stop reading here: A may already be sending the next pool's handoffs on
+                    # the same queue, and those belong to the next ResumingScheduler.
                     self.ended = True
-                else:
-                    assert isinstance(message, Handoff)
-                    self.accept(message)
+                    break
+                assert isinstance(message, Handoff)
+                self.accept(message)
                 message = receive(0.0)
             if not (self.retracted or self.running):
                 continue

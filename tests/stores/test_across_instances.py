@@ -91,3 +91,20 @@ def test_cli_across_processes_through_a_directory(
 def test_cli_usage_errors(args: list[str], words: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--pool", "mha", *args]) == 2
     assert words in capsys.readouterr().err
+
+
+def test_b_stops_reading_at_its_pools_end() -> None:
+    """A runs ahead: its next pool's handoffs follow this pool's ``end`` on the one queue. B
+    must stop at the ``end``, leaving them to the next pool's scheduler (reading on loaded a
+    snapshot into the wrong pool: a flaky SnapshotMismatchError under load)."""
+    from kvcache_core.engine.instances import _END, Handoff, ResumingScheduler, _build
+    from kvcache_core.stores import open_store
+
+    _, pool, allocator, model = _build(discover(), "mha", SETTINGS)
+    b = ResumingScheduler(
+        model, pool, allocator, store=open_store("memory:end-test"), max_running=4
+    )
+    nxt = Handoff(0, [1, 2], 4, [], 2, 0, "kvcache-demo:x:swa:0", 0)
+    inbox: list[object] = [_END, nxt]
+    assert b.serve(lambda timeout: inbox.pop(0) if inbox else None) == {}
+    assert inbox == [nxt]
