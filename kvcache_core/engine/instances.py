@@ -27,6 +27,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -281,8 +282,9 @@ def _instance(
     registry: Registry | None = None,
     after_put: Callable[[int], None] | None = None,
 ) -> None:
-    """One instance's life: every pool in turn. A sends handoffs then ``end`` per pool; B
-    serves until ``end``. Each reports ``(role, pool, tokens, stats, error)`` per pool."""
+    """One instance's life: every pool in turn. A sends handoffs then ``end`` per pool on that
+    pool's queue (``inbox``/``outbox`` map pool names to queues); B serves until ``end``. Each
+    reports ``(role, pool, tokens, stats, error)`` per pool."""
     from kvcache_core import discover
 
     with single_thread():
@@ -305,7 +307,7 @@ def _instance(
                             allocator,
                             store=store,
                             key_prefix=f"kvcache-demo:{run_id}:{name}:",
-                            send=outbox.put,
+                            send=outbox[name].put,
                             after_put=after_put,
                             **common,
                         )
@@ -316,7 +318,7 @@ def _instance(
                     else:
                         b = ResumingScheduler(model, pool, allocator, store=store, **common)
                         stats = b.transfer
-                        tokens = b.serve(lambda t: _receive(inbox, t))
+                        tokens = b.serve(partial(_receive, inbox[name]))
                         b_done = True
                 except _Skip as exc:
                     error = f"skipped: {exc}"
@@ -324,9 +326,9 @@ def _instance(
                     error = f"{type(exc).__name__}: {exc}"
                 finally:
                     if role == "A":
-                        outbox.put(_END)
+                        outbox[name].put(_END)
                     elif not b_done and (b is None or not b.ended):
-                        _drain(inbox)  # skip the rest of this pool's messages
+                        _drain(inbox[name])  # skip the rest of this pool's messages
                 results.put((role, name, tokens, stats, error))
         finally:
             store.close()
@@ -399,7 +401,9 @@ def _run_pair(
     if not names:
         return {}
     if threads:
-        handoffs: Any = queue.Queue()
+        # One queue per pool: a pool's handoffs and its ``end`` can never reach the other
+        # instance while it still serves another pool, whichever instance runs ahead.
+        handoffs: Any = {name: queue.Queue() for name in names}
         results: Any = queue.Queue()
         workers: list[Any] = [
             threading.Thread(
@@ -412,7 +416,7 @@ def _run_pair(
         ]
     else:
         mp = multiprocessing.get_context("spawn")
-        handoffs, results = mp.Queue(), mp.Queue()
+        handoffs, results = {name: mp.Queue() for name in names}, mp.Queue()
         workers = [
             mp.Process(
                 target=_instance,

@@ -32,11 +32,12 @@ print(json.dumps([dataclasses.asdict(r) for r in reports]))
 
 
 def test_every_builtin_pool_moves_requests_and_keeps_its_tokens() -> None:
-    """Both instances as threads of a fresh process (``memory:``), as `kvcache demo` runs
-    them. A fresh process because in a long-lived test worker this run failed now and then
-    (a snapshot of another pool kind reaching B, once a hang) after unrelated tests: the
-    cause is not found yet, and the timeout turns a hang into a failure instead of a stuck CI.
-    """
+    """Both instances as threads of a fresh process (``memory:``), every pool in one run.
+
+    Under load, instance A runs a pool or two ahead of B; when both shared one queue, B (still
+    on one pool) was handed the next pool's snapshots (hisparse refusing a mamba snapshot) or
+    waited for an ``end`` it had missed. Each pool now has its own queue. The fresh process
+    and the timeout turn any future hang into a failure instead of a stuck CI."""
     done = subprocess.run(
         [sys.executable, "-c", _EVERY_POOL], capture_output=True, text=True, timeout=300
     )
