@@ -432,7 +432,10 @@ def snapshot_from_bytes(
     doc, digits = _metadata(header)
     entries = _entries(header, len(view) - start)
     table = {k: v for k, v in header.items() if k != "__metadata__"}
-    canonical = _canonical(header["__metadata__"][_META_KEY], table)
+    try:
+        canonical = _canonical(header["__metadata__"][_META_KEY], table)
+    except UnicodeEncodeError:  # a JSON escape decoded to a lone surrogate: not what we wrote
+        raise _fail("the header holds text that is not valid UTF-8 (a corrupted escape)") from None
     digest = xxhash.xxh3_64(canonical)
     digest.update(view[start:])
     computed = digest.hexdigest()

@@ -380,3 +380,17 @@ def test_every_single_byte_flip_is_refused() -> None:
         flipped[at] ^= 0x01
         with pytest.raises(SnapshotMismatchError):
             KVSnapshot.from_bytes(flipped)
+
+
+def test_a_corrupted_escape_in_the_header_is_refused_as_a_mismatch() -> None:
+    """A flipped byte can turn the header's JSON into an escape of a lone surrogate: valid JSON,
+    but text that was never written. It is a mismatch, not a UnicodeEncodeError."""
+    blob = SNAP.to_bytes()
+    (n,) = struct.unpack_from("<Q", blob)
+    text = blob[8 : 8 + n].rstrip(b" ")
+    assert b"mha" in text
+    text = text.replace(b"mha", b"m\\udab2ha", 1)
+    text += b" " * (-(8 + len(text)) % 16)
+    bad = struct.pack("<Q", len(text)) + text + blob[8 + n :]
+    with pytest.raises(SnapshotMismatchError, match="not valid UTF-8"):
+        KVSnapshot.from_bytes(bad)
