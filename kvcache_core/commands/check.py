@@ -104,8 +104,8 @@ def run(args: argparse.Namespace) -> int:
     from ..conformance.selection import parse_selection
     from ..conformance.sources import SourceIndex
     from ..conformance.usage import UsageError
-    from ..progress import Progress
     from ._output import finish, load_config, load_expected_failures, usage_error
+    from .progress import Progress
 
     try:
         levels = parse_levels(args.level)
