@@ -180,7 +180,7 @@ def kvcache_requirement() -> str:
     and is skipped. A kvcache imported from a checkout that is not installed at all
     (``PYTHONPATH``) is named by a direct reference to that checkout.
     """
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parent.parent  # kvcache_core/, above commands/
     checkout = package.parent
     found = _installed_requirement(metadata.distributions(name=_DISTRIBUTION), package)
     if found is not None:
