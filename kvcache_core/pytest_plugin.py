@@ -74,7 +74,7 @@ def _requested(config: pytest.Config) -> list[str] | None:
 
 def _pyproject(config: pytest.Config) -> str | None:
     """The project's pyproject.toml: pytest's own, else the nearest one above the rootdir."""
-    from .conformance.suppressions import find_pyproject
+    from .conformance.results.suppressions import find_pyproject
 
     inipath = config.inipath
     if inipath is not None and inipath.name == "pyproject.toml":
@@ -92,8 +92,8 @@ def pytest_configure(config: pytest.Config) -> None:
     names = _requested(config)
     if names is None:
         return
-    from .conformance.expected import load_expected_failures
-    from .conformance.resolve import UsageError
+    from .conformance.results.expected import load_expected_failures
+    from .conformance.targets.resolve import UsageError
     from .testing import plan_conformance
 
     try:

@@ -36,15 +36,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .conformance.behaviour import DEFAULT_TIMEOUT_S, run_check, select_checks
-from .conformance.expected import (
+from .conformance.results.expected import (
     ExpectedFailure,
     expected_failures_for,
     load_expected_failures,
     validate_expected_failures,
 )
-from .conformance.model import Finding, Outcome
-from .conformance.resolve import UsageError
-from .conformance.suppressions import find_pyproject
+from .conformance.results.model import Finding, Outcome
+from .conformance.results.suppressions import find_pyproject
+from .conformance.targets.resolve import UsageError
 from .contracts.spec import PoolSpec
 from .discovery import Registry, discover
 

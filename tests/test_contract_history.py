@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 from kvcache_core import VERSIONS, KVWriteLoc, OffloadablePool, unwrap_write_loc
-from kvcache_core.conformance.compare import compare_signatures
-from kvcache_core.conformance.introspect import protocol_methods
+from kvcache_core.conformance.members.compare import compare_signatures
+from kvcache_core.conformance.members.introspect import protocol_methods
 from kvcache_core.contracts.signature import MethodSig, Param, ParamKind, normalize_annotation
 
 
@@ -35,7 +35,7 @@ def test_version_1_lacks_mamba_indices_and_writeloc():
 
 def test_a_version_1_implementation_is_named_as_such():
     impl = MethodSig("get_cpu_copy", (Param("indices"),))
-    from kvcache_core.conformance.versions import change_note
+    from kvcache_core.conformance.members.versions import change_note
 
     note = change_note("get_cpu_copy", impl, 2)
     assert note.startswith("matches contract 1; contract 2 added `mamba_indices")
@@ -114,7 +114,7 @@ def test_fast_signature_reading_agrees_with_inspect():
     ],
 )
 def test_only_an_exact_version_1_signature_is_called_version_1(params):
-    from kvcache_core.conformance.versions import change_note
+    from kvcache_core.conformance.members.versions import change_note
 
     impl = MethodSig("get_cpu_copy", params)
     assert change_note("get_cpu_copy", impl, 2) == ""
@@ -129,7 +129,7 @@ def test_only_an_exact_version_1_signature_is_called_version_1(params):
     ],
 )
 def test_an_exact_version_1_signature_is_called_version_1(params, returns):
-    from kvcache_core.conformance.versions import change_note
+    from kvcache_core.conformance.members.versions import change_note
 
     impl = MethodSig("get_cpu_copy", params, returns)
     assert change_note("get_cpu_copy", impl, 2).startswith("matches contract 1; contract 2 added")

@@ -11,19 +11,19 @@ import sys
 from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import cast
 
-from ..conformance.expected import ExpectedFailure
-from ..conformance.expected import load_expected_failures as _load_expected
-from ..conformance.merge import merge_levels
-from ..conformance.model import CheckResult
-from ..conformance.runner import exit_code
-from ..conformance.suppressions import (
+from ..conformance.results.expected import ExpectedFailure
+from ..conformance.results.expected import load_expected_failures as _load_expected
+from ..conformance.results.merge import merge_levels
+from ..conformance.results.model import CheckResult
+from ..conformance.results.suppressions import (
     Suppression,
     apply_suppressions,
     find_pyproject,
     load_pyproject,
     scan_inline,
 )
-from ..conformance.usage import UsageError
+from ..conformance.results.usage import UsageError
+from ..conformance.runner import exit_code
 
 __all__ = [
     "FORMATS",
@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 FORMATS: tuple[str, ...] = ("text", "json", "junit", "sarif", "github")
-_RENDER_MODULE = "kvcache_core.conformance.render"
+_RENDER_MODULE = "kvcache_core.conformance.reporting.render"
 
 Render = Callable[[Sequence[CheckResult], str], str]
 
@@ -117,7 +117,7 @@ def finish(
     and return the exit code."""
     render = _renderer()
     suppressions = [*configured, *scan_inline(_paths(results, scanned))]
-    # Suppressions first, then one finding per drift (see conformance/merge.py for why).
+    # Suppressions first, then one finding per drift (see conformance/results/merge.py for why).
     final = merge_levels(apply_suppressions(results, suppressions, active_rules=active_rules))
     text = render(final, args.format)
     if args.output:

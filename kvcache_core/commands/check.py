@@ -20,8 +20,8 @@ from ._output import add_output_options
 if TYPE_CHECKING:  # annotations only: registering the parser stays cheap
     from collections.abc import Sequence
 
-    from ..conformance.selection import Selection
-    from ..conformance.target import ClassTarget
+    from ..conformance.results.selection import Selection
+    from ..conformance.targets.target import ClassTarget
     from ..contracts.spec import PoolSpec
 
 __all__ = ["register", "run"]
@@ -93,17 +93,17 @@ def run(args: argparse.Namespace) -> int:
         return run_store_checks(args)
     # Imported here, not at module level: registering the parser must stay cheap, and which of
     # these pull in torch depends on the targets (plugins do; paths at --level source do not).
-    from ..conformance.expected import check_applicable, check_known_ids
-    from ..conformance.resolve import parse_protocols, resolve_targets
+    from ..conformance.members.sources import SourceIndex
+    from ..conformance.results.expected import check_applicable, check_known_ids
+    from ..conformance.results.selection import parse_selection
+    from ..conformance.results.usage import UsageError
     from ..conformance.runner import (
         active_rules,
         check_contract_version,
         parse_levels,
         run_levels,
     )
-    from ..conformance.selection import parse_selection
-    from ..conformance.sources import SourceIndex
-    from ..conformance.usage import UsageError
+    from ..conformance.targets.resolve import parse_protocols, resolve_targets
     from ..progress import Progress
     from ._output import finish, load_config, load_expected_failures, usage_error
 
@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _checked_specs(targets: Sequence[ClassTarget]) -> dict[str, PoolSpec]:
     """The specs of the pools the behaviour level will run, by pool name."""
-    from ..conformance.plugins import plugin_specs
+    from ..conformance.targets.plugins import plugin_specs
 
     pairs: set[tuple[str, str]] = set()
     for t in targets:
@@ -166,6 +166,6 @@ def _behaviour_checks(selection: Selection, levels: tuple[str, ...]) -> list[str
     """The battery checks ``--select``/``--deselect`` leave (None: all, or no behaviour)."""
     if selection.everything or "behaviour" not in levels:
         return None
-    from ..conformance.battery_ids import battery_ids
+    from ..conformance.results.battery_ids import battery_ids
 
     return selection.behaviour_checks(battery_ids())

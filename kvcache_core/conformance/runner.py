@@ -16,12 +16,12 @@ from collections.abc import Callable, Sequence
 from typing import cast
 
 from ..contracts.history import CONTRACT_VERSION, VERSIONS
-from .expected import ExpectedFailure
-from .model import CheckResult, Outcome
-from .rules import RULES, Severity
-from .sources import SourceIndex
-from .target import ClassTarget
-from .usage import UsageError
+from .members.sources import SourceIndex
+from .results.expected import ExpectedFailure
+from .results.model import CheckResult, Outcome
+from .results.rules import RULES, Severity
+from .results.usage import UsageError
+from .targets.target import ClassTarget
 
 __all__ = [
     "ALL_LEVELS",

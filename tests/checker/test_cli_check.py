@@ -9,7 +9,7 @@ import pytest
 
 from kvcache_core.commands import _output
 from kvcache_core.conformance.behaviour.level import NO_SPEC
-from kvcache_core.conformance.model import Outcome
+from kvcache_core.conformance.results.model import Outcome
 from kvcache_core.discovery import discover
 
 from ._corpus import CORPUS

@@ -12,9 +12,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from ...contracts.spec import PoolSpec
-from ..model import CheckResult, Outcome
-from ..plugins import plugin_specs
-from ..target import ClassTarget
+from ..results.model import CheckResult, Outcome
+from ..targets.plugins import plugin_specs
+from ..targets.target import ClassTarget
 from ._context import DEFAULT_TIMEOUT_S
 from ._run import run_spec
 

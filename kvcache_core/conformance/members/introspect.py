@@ -7,7 +7,7 @@ from functools import cache
 
 from typing_extensions import get_protocol_members
 
-from ..contracts.signature import MethodSig, sig_from_callable
+from ...contracts.signature import MethodSig, sig_from_callable
 
 __all__ = ["protocol_attributes", "protocol_methods"]
 

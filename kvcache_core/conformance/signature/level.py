@@ -24,7 +24,7 @@ from types import CodeType
 
 from ...contracts.history import CONTRACT_VERSION
 from ...contracts.signature import MethodSig, sig_from_callable
-from ..methods import (
+from ..members.methods import (
     body_findings,
     body_may_find,
     contract_methods,
@@ -34,9 +34,9 @@ from ..methods import (
     protocol_by_name,
     split_by_protocol,
 )
-from ..model import CheckResult, Finding, Location, Outcome
-from ..sources import module_name_for
-from ..target import ClassTarget
+from ..members.sources import module_name_for
+from ..results.model import CheckResult, Finding, Location, Outcome
+from ..targets.target import ClassTarget
 
 __all__ = ["LEVEL", "class_location", "import_target", "run", "signature_findings"]
 

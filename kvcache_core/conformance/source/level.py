@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from ...contracts.history import CONTRACT_VERSION
 from ...contracts.signature import sig_from_ast
-from ..methods import (
+from ..members.methods import (
     attribute_finding,
     contract_attributes,
     contract_methods,
@@ -22,9 +22,9 @@ from ..methods import (
     outcome_for,
     split_by_protocol,
 )
-from ..model import CheckResult, Finding, Location, Outcome
-from ..sources import ClassSource, ExternalBase, SourceIndex
-from ..target import ClassTarget
+from ..members.sources import ClassSource, ExternalBase, SourceIndex
+from ..results.model import CheckResult, Finding, Location, Outcome
+from ..targets.target import ClassTarget
 
 __all__ = ["LEVEL", "check_class", "outcome_for", "run"]
 

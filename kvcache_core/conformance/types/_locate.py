@@ -12,8 +12,8 @@ import ast
 from pathlib import Path
 
 from ...contracts.signature import MethodSig, sig_from_ast
-from ..model import Location
-from ..sources import ClassSource, SourceIndex
+from ..members.sources import ClassSource, SourceIndex
+from ..results.model import Location
 
 __all__ = ["impl_location", "impl_signature"]
 

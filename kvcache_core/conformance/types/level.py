@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...contracts.history import CONTRACT_VERSION
-from ..methods import protocol_by_name, split_by_protocol
-from ..model import CheckResult, Finding, Location, Outcome
-from ..sources import SourceIndex, module_name_for
-from ..target import ClassTarget
+from ..members.methods import protocol_by_name, split_by_protocol
+from ..members.sources import SourceIndex, module_name_for
+from ..results.model import CheckResult, Finding, Location, Outcome
+from ..targets.target import ClassTarget
 from ._contract import ContractMember, contract_member
 from ._findings import member_finding
 from ._gen import MODULE_NAME, Generated, Role, TargetPlan, generate

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ..model import CheckResult
+from ...results.model import CheckResult
 from . import github, jsonout, junit, sarif, text
 
 __all__ = ["FORMATS", "render"]
