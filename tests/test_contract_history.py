@@ -9,7 +9,8 @@ import pytest
 from kvcache_core import VERSIONS, KVWriteLoc, OffloadablePool, unwrap_write_loc
 from kvcache_core.conformance.members.compare import compare_signatures
 from kvcache_core.conformance.members.introspect import protocol_methods
-from kvcache_core.contracts.signature import MethodSig, Param, ParamKind, normalize_annotation
+from kvcache_core.conformance.members.signatures import normalize_annotation
+from kvcache_core.contracts.signature import MethodSig, Param, ParamKind
 
 
 def _shape(sig: MethodSig) -> tuple:

@@ -16,8 +16,9 @@ import os
 import re
 from functools import cache
 
-from ...contracts.signature import MethodSig, sig_from_ast
+from ...contracts.signature import MethodSig
 from ..results.model import Location
+from .signatures import sig_from_ast
 from .sources import ClassSource, SourceIndex
 
 __all__ = [

@@ -23,7 +23,7 @@ from dataclasses import replace
 from types import CodeType
 
 from ...contracts.history import CONTRACT_VERSION
-from ...contracts.signature import MethodSig, sig_from_callable
+from ...contracts.signature import MethodSig
 from ..members.methods import (
     body_findings,
     body_may_find,
@@ -34,6 +34,7 @@ from ..members.methods import (
     protocol_by_name,
     split_by_protocol,
 )
+from ..members.signatures import sig_from_callable
 from ..members.sources import module_name_for
 from ..results.model import CheckResult, Finding, Location, Outcome
 from ..targets.target import ClassTarget

@@ -24,9 +24,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ...contracts.signature import MethodSig, ParamKind, sig_from_ast
+from ...contracts.signature import MethodSig, ParamKind
 from ..members.compare import compare_signatures
 from ..members.methods import outcome_for
+from ..members.signatures import sig_from_ast
 from ..members.sources import (
     ClassSource,
     ExternalBase,

@@ -12,7 +12,6 @@ import time
 from collections.abc import Sequence
 
 from ...contracts.history import CONTRACT_VERSION
-from ...contracts.signature import sig_from_ast
 from ..members.methods import (
     attribute_finding,
     contract_attributes,
@@ -22,6 +21,7 @@ from ..members.methods import (
     outcome_for,
     split_by_protocol,
 )
+from ..members.signatures import sig_from_ast
 from ..members.sources import ClassSource, ExternalBase, SourceIndex
 from ..results.model import CheckResult, Finding, Location, Outcome
 from ..targets.target import ClassTarget

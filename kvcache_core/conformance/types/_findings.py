@@ -15,8 +15,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import replace
 
-from ...contracts.signature import MethodSig, sig_from_ast
+from ...contracts.signature import MethodSig
 from ..members.compare import compare_signatures
+from ..members.signatures import sig_from_ast
 from ..members.versions import change_note
 from ..results.model import Finding, Location
 from ..results.rules import RULES

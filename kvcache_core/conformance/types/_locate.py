@@ -11,7 +11,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from ...contracts.signature import MethodSig, sig_from_ast
+from ...contracts.signature import MethodSig
+from ..members.signatures import sig_from_ast
 from ..members.sources import ClassSource, SourceIndex
 from ..results.model import Location
 
