@@ -79,7 +79,7 @@ def test_fast_signature_reading_agrees_with_inspect():
 
     import kvcache_plugins.allocators as allocators
     from kvcache_core import discover
-    from kvcache_core.contracts import signature as sm
+    from kvcache_core.conformance.members import signatures as sm
 
     def samples(a, /, b, c=3, *args, d, e=5, **kw) -> int: ...
     def plain(x: int = 1, *, y: "str | None" = None): ...  # noqa: UP037 (a string on purpose)
