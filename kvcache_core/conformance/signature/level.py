@@ -21,6 +21,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from types import CodeType
+from typing import TYPE_CHECKING
 
 from ...contracts.history import CONTRACT_VERSION
 from ...contracts.signature import MethodSig
@@ -39,7 +40,10 @@ from ..members.sources import module_name_for
 from ..results.model import CheckResult, Finding, Location, Outcome
 from ..targets.target import ClassTarget
 
-__all__ = ["LEVEL", "class_location", "import_target", "run", "signature_findings"]
+if TYPE_CHECKING:
+    from ..runner import LevelOptions
+
+__all__ = ["LEVEL", "class_location", "import_target", "run", "run_level", "signature_findings"]
 
 LEVEL = "signature"
 
@@ -379,3 +383,8 @@ def run(
 
 def _renamed(finding: Finding, target: str) -> Finding:
     return finding if finding.target == target else replace(finding, target=target)
+
+
+def run_level(targets: Sequence[ClassTarget], options: LevelOptions) -> list[CheckResult]:
+    """The runner's entry: this level needs only the contract version."""
+    return run(targets, contract_version=options.contract_version)

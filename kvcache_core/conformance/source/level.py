@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from ...contracts.history import CONTRACT_VERSION
 from ..members.methods import (
@@ -26,7 +27,10 @@ from ..members.sources import ClassSource, ExternalBase, SourceIndex
 from ..results.model import CheckResult, Finding, Location, Outcome
 from ..targets.target import ClassTarget
 
-__all__ = ["LEVEL", "check_class", "outcome_for", "run"]
+if TYPE_CHECKING:
+    from ..runner import LevelOptions
+
+__all__ = ["LEVEL", "check_class", "outcome_for", "run", "run_level"]
 
 LEVEL = "source"
 
@@ -205,3 +209,8 @@ def run(
             )
             started = now
     return results
+
+
+def run_level(targets: Sequence[ClassTarget], options: LevelOptions) -> list[CheckResult]:
+    """The runner's entry: the contract version and the run's shared source index."""
+    return run(targets, contract_version=options.contract_version, index=options.index)
