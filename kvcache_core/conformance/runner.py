@@ -186,7 +186,9 @@ LEVELS: tuple[Level, ...] = (
     ),
 )
 
+#: The levels' names, in run order (what ``--level`` accepts).
 ALL_LEVELS: tuple[str, ...] = tuple(level.name for level in LEVELS)
+#: What runs without ``--level``: every level.
 DEFAULT_LEVELS: tuple[str, ...] = ALL_LEVELS
 
 
@@ -201,15 +203,16 @@ def level_named(name: str) -> Level:
 
 def parse_levels(values: Sequence[str] | None) -> tuple[str, ...]:
     """``--level source --level signature,types`` -> levels in run order, validated."""
+    every = tuple(level.name for level in LEVELS)
     if not values:
-        return DEFAULT_LEVELS
+        return every
     names = [n.strip() for v in values for n in v.split(",") if n.strip()]
-    unknown = [n for n in names if n not in ALL_LEVELS]
+    unknown = [n for n in names if n not in every]
     if unknown:
         raise UsageError(
-            f"unknown level {', '.join(map(repr, unknown))}; levels: {', '.join(ALL_LEVELS)}"
+            f"unknown level {', '.join(map(repr, unknown))}; levels: {', '.join(every)}"
         )
-    return tuple(level for level in ALL_LEVELS if level in names)
+    return tuple(level for level in every if level in names)
 
 
 def check_contract_version(version: int) -> int:
