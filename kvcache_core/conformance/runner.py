@@ -13,7 +13,8 @@ turns into ERROR results for its targets, never into a traceback that hides the 
 findings.
 
 [`check`][kvcache_core.conformance.runner.check] is the whole of ``kvcache check`` as a
-library function: targets in, [`Report`][kvcache_core.conformance.reporting.report.Report] out.
+library function: targets in, [`Report`][kvcache_core.conformance.reporting.report.Report]
+out.
 """
 
 from __future__ import annotations
@@ -158,8 +159,6 @@ class ModuleLevel:
 
 _HERE = __name__.rsplit(".", 1)[0]
 
-#: Every level, in run order (cheapest first). The one list the runner, ``--level``, the
-#: rules a run can report and the docs read.
 LEVELS: tuple[Level, ...] = (
     ModuleLevel(
         "source",
@@ -185,11 +184,14 @@ LEVELS: tuple[Level, ...] = (
         own_rules=frozenset({"behaviour-failed"}),
     ),
 )
+"""Every level, in run order (cheapest first): the one list the runner iterates and
+``--level``, the rules a run can report and the architecture tests read. Adding a level is
+adding its subpackage (a ``level.py`` with ``run_level(targets, options)``) and one entry."""
 
-#: The levels' names, in run order (what ``--level`` accepts).
 ALL_LEVELS: tuple[str, ...] = tuple(level.name for level in LEVELS)
-#: What runs without ``--level``: every level.
+"""The levels' names, in run order (what ``--level`` accepts)."""
 DEFAULT_LEVELS: tuple[str, ...] = ALL_LEVELS
+"""What runs without ``--level``: every level."""
 
 
 def level_named(name: str) -> Level:
@@ -285,8 +287,8 @@ def run_levels(
     return results
 
 
-#: Rules only ``kvcache drift`` reports.
 DRIFT_ONLY_RULES = frozenset({"unaccepted-keyword"})
+"""Rules only ``kvcache drift`` reports (no level of ``kvcache check`` can)."""
 
 
 def active_rules(levels: Sequence[str]) -> frozenset[str]:
@@ -316,9 +318,8 @@ def check(
     command line (``levels=["source,signature"]``); no target means every installed plugin.
     ``pyproject`` says where ``[tool.kvcache]`` (suppressions, expected failures) is read: True
     (default) the nearest ``pyproject.toml`` above the current directory, a path, or False for
-    none. Everything the options get wrong is a
-    [`UsageError`][kvcache_core.conformance.results.usage.UsageError] raised before a level
-    runs. The report's ``text`` is byte for byte what ``kvcache check --format FORMAT`` prints
+    none. Everything the options get wrong is a ``UsageError``
+    (``kvcache_core.conformance.results.usage``) raised before a level runs. The report's ``text`` is byte for byte what ``kvcache check --format FORMAT`` prints
     for the same results, and its ``exit_code`` is the command's.
     """
     from .results.expected import check_applicable, check_known_ids, load_expected_failures

@@ -131,3 +131,20 @@ def test_levels_are_one_tuple_the_runner_iterates(
     assert gone.detail == (
         "fake level is not available in this kvcache (kvfake_no_such_level is missing)"
     )
+
+
+def test_the_library_example_of_the_checker_page_runs_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isolated_modules: None
+) -> None:
+    import re
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "checker.md").read_text("utf-8")
+    section = page[page.index("## The checker as a library") :]
+    (code,) = re.findall(r"```python\n(.*?)```", section[: section.index("\n## ", 3)], re.S)
+    monkeypatch.chdir(tmp_path)
+    printed: list[object] = []
+    namespace = {"print": printed.append}
+    exec(compile(code.replace('"my_pools/"', repr(DRIFTED)), "checker.md", "exec"), namespace)
+    assert printed == [conformance.EXIT_FINDINGS]
+    sarif = (tmp_path / "kvcache.sarif").read_text(encoding="utf-8")
+    assert '"ruleId": "missing-parameter"' in sarif

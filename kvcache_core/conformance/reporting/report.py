@@ -32,9 +32,9 @@ __all__ = [
     "report",
 ]
 
-#: The output formats, in the order the CLI lists them (``--format``); ``render`` has one
-#: renderer for each.
 FORMATS: tuple[str, ...] = ("text", "json", "junit", "sarif", "github")
+"""The output formats, in the order the CLI lists them (``--format``); ``render`` has one
+renderer for each."""
 
 EXIT_OK = 0
 """Exit code of a clean run: every check ran, no error finding."""
@@ -110,8 +110,8 @@ def report(
 ) -> Report:
     """Turn check results into the report ``kvcache check --format FORMAT`` prints.
 
-    In order: the ``suppressions`` (from ``[tool.kvcache]``, see
-    [`load_pyproject`][kvcache_core.conformance.results.suppressions.load_pyproject]) and the
+    In order: the ``suppressions`` (from ``[tool.kvcache]``, read by
+    ``kvcache_core.conformance.results.suppressions.load_pyproject``) and the
     inline ``# kvcache: ignore[...]`` comments of ``scanned`` files and of every file a finding
     points at are applied; findings several levels reported are merged into one; the results
     are rendered in ``format`` (one of
@@ -119,8 +119,8 @@ def report(
     from what is left. ``active_rules`` are the rules the checks that ran can report (None:
     all), so that an unused suppression of a rule that could not fire is not reported.
 
-    Raises [`UsageError`][kvcache_core.conformance.results.usage.UsageError] for an unknown
-    format or a bad inline suppression, before anything is rendered.
+    Raises ``UsageError`` (``kvcache_core.conformance.results.usage``) for an unknown format
+    or a bad inline suppression, before anything is rendered.
     """
     if format not in FORMATS:
         raise UsageError(f"unknown format {format!r}; formats: {', '.join(FORMATS)}")
