@@ -429,3 +429,22 @@ def test_kvcache_report_needs_a_known_format_and_a_file(project: pytest.Pytester
         result = run(project, "--kvcache-conformance=brk-alias", f"--kvcache-report={bad}")
         assert result.ret == pytest.ExitCode.USAGE_ERROR
         assert "expected FORMAT:FILE with FORMAT one of text, json" in result.stderr.str()
+
+
+def test_conformance_report_is_what_the_plugin_writes(
+    project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``kvcache_core.testing.conformance_report`` and ``--kvcache-report`` are one report."""
+    import time
+
+    from kvcache_core.testing import conformance_report
+
+    monkeypatch.setattr(time, "perf_counter", lambda: 0.0)
+    written = project.path / "battery.txt"
+    run(project, "--kvcache-conformance=brk-alias", f"--kvcache-report=text:{written}")
+    library = conformance_report("brk-alias", pyproject=project.path / "pyproject.toml")
+    assert written.read_text(encoding="utf-8") == library.text
+    assert library.exit_code == 1
+    failed = [r.check for r in library.results if r.outcome.value != "passed"]
+    assert failed == ["behaviour/write-forms-agree"]
+    assert "pool:brk-alias  (behaviour checks: 0.00 s)" in library.text

@@ -9,13 +9,15 @@ Grouped by what each part does:
   listed once in [`LEVELS`][kvcache_core.conformance.runner.LEVELS] and run by ``runner``;
 - ``results/``: the one result model, rule ids, merging, and the user's say over what counts
   (suppressions, expected failures, ``--select``);
-- ``reporting/``: the report pipeline ([`report`][kvcache_core.conformance.reporting.report.report]) and one
-  renderer per output format.
+- ``reporting/``: the report pipeline
+  ([`report`][kvcache_core.conformance.reporting.report.report]) and one renderer per output
+  format.
 
-The names below are the checker as a library: [`check`][kvcache_core.conformance.runner.check] is
-``kvcache check`` without the command line, and [`report`][kvcache_core.conformance.reporting.report.report] is
-what every caller (the CLI, [`kvcache_core.testing`][kvcache_core.testing], the pytest plugin)
-runs on results, so the same results give the same report whoever asks. This ``__init__``
+The names below are the checker as a library:
+[`check`][kvcache_core.conformance.runner.check] is ``kvcache check`` without the command
+line, and [`report`][kvcache_core.conformance.reporting.report.report] is what every caller
+(the CLI, [`kvcache_core.testing`][kvcache_core.testing], the pytest plugin) runs on results,
+so the same results give the same report whoever asks. This ``__init__``
 imports no torch and no level (discovery imports the signature comparison at engine start-up;
 a level is imported when it runs).
 """

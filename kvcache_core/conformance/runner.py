@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from ..contracts.history import CONTRACT_VERSION, VERSIONS
 from .members.sources import SourceIndex
-from .reporting.report import Report, report
+from .reporting.report import FORMATS, Report, report
 from .results.expected import ExpectedFailure
 from .results.model import CheckResult, Outcome
 from .results.rules import RULES
@@ -101,7 +101,7 @@ class Level(Protocol):
 
     @property
     def needs(self) -> str:
-        """What the level needs to run, in words (``kvcache check --help`` and the docs)."""
+        """What the level needs to run, in words, for a person choosing which levels to run."""
         ...
 
     @property
@@ -318,15 +318,18 @@ def check(
     command line (``levels=["source,signature"]``); no target means every installed plugin.
     ``pyproject`` says where ``[tool.kvcache]`` (suppressions, expected failures) is read: True
     (default) the nearest ``pyproject.toml`` above the current directory, a path, or False for
-    none. Everything the options get wrong is a ``UsageError``
-    (``kvcache_core.conformance.results.usage``) raised before a level runs. The report's ``text`` is byte for byte what ``kvcache check --format FORMAT`` prints
-    for the same results, and its ``exit_code`` is the command's.
+    none. Everything the options get wrong (``format`` included) is a ``UsageError``
+    (``kvcache_core.conformance.results.usage``) raised before a level runs. The report's
+    ``text`` is byte for byte what ``kvcache check --format FORMAT`` prints for the same
+    results, and its ``exit_code`` is the command's.
     """
     from .results.expected import check_applicable, check_known_ids, load_expected_failures
     from .results.selection import parse_selection
     from .results.suppressions import find_pyproject, load_pyproject
     from .targets.resolve import parse_protocols, resolve_targets
 
+    if format not in FORMATS:
+        raise UsageError(f"unknown format {format!r}; formats: {', '.join(FORMATS)}")
     chosen = parse_levels(levels)
     protocols = parse_protocols(against)
     version = check_contract_version(contract_version)

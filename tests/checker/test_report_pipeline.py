@@ -148,3 +148,12 @@ def test_the_library_example_of_the_checker_page_runs_as_written(
     assert printed == [conformance.EXIT_FINDINGS]
     sarif = (tmp_path / "kvcache.sarif").read_text(encoding="utf-8")
     assert '"ruleId": "missing-parameter"' in sarif
+
+
+def test_a_bad_format_is_refused_before_anything_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    def must_not_run(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a level ran")
+
+    monkeypatch.setattr(runner, "run_levels", must_not_run)
+    with pytest.raises(UsageError, match="unknown format 'yaml'"):
+        conformance.check([DRIFTED], format="yaml")
