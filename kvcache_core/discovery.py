@@ -27,9 +27,9 @@ from typing import Any
 import pluggy
 
 from . import hookspecs
-from .conformance.methods import BODY_RULES, contract_methods
-from .conformance.model import Finding, Location
-from .conformance.rules import Severity
+from .conformance.members.methods import BODY_RULES, contract_methods
+from .conformance.results.model import Finding, Location
+from .conformance.results.rules import Severity
 from .conformance.signature.level import signature_findings
 from .contracts.pool import KVPool
 from .contracts.spec import CONTRACT_VERSION, PoolConfig, PoolSpec, declared_protocols

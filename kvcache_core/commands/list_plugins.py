@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import TYPE_CHECKING, Any
 
-from ..conformance.render.jsonout import finding_to_json as finding_json
+from ..conformance.reporting.render.jsonout import finding_to_json as finding_json
 from ..contracts.history import CONTRACT_VERSION
 
 if TYPE_CHECKING:  # both import torch: only `run` needs them

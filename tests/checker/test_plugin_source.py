@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from kvcache_core.conformance.model import CheckResult
-from kvcache_core.conformance.plugin_source import (
+from kvcache_core.conformance.members.sources import SourceIndex
+from kvcache_core.conformance.results.model import CheckResult
+from kvcache_core.conformance.runner import run_levels
+from kvcache_core.conformance.targets.plugin_source import (
     CAPABILITY_COMPANION_NAMES,
     CAPABILITY_PROTOCOL_NAMES,
     ENTRY_POINT_GROUP,
@@ -26,10 +28,8 @@ from kvcache_core.conformance.plugin_source import (
     source_plugin_targets,
     static_specs,
 )
-from kvcache_core.conformance.plugins import plugin_targets
-from kvcache_core.conformance.resolve import resolve_targets
-from kvcache_core.conformance.runner import run_levels
-from kvcache_core.conformance.sources import SourceIndex
+from kvcache_core.conformance.targets.plugins import plugin_targets
+from kvcache_core.conformance.targets.resolve import resolve_targets
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 EXAMPLE = ROOT / "examples" / "kvcache-example-pool" / "kvcache_example_pool"

@@ -17,10 +17,10 @@ from importlib import metadata
 
 import pluggy
 
-from .. import hookspecs
-from ..contracts.spec import PoolSpec, declared_protocols
-from ..discovery import PluginInfo, load_plugin_specs, spec_shape_problem
-from .model import CheckResult, Finding, Outcome
+from ... import hookspecs
+from ...contracts.spec import PoolSpec, declared_protocols
+from ...discovery import PluginInfo, load_plugin_specs, spec_shape_problem
+from ..results.model import CheckResult, Finding, Outcome
 from .plugin_source import entry_points, select_plugin_targets
 from .target import ClassTarget
 
