@@ -4,6 +4,7 @@ backend promises beyond it: atomic directory writes, passwords never in URLs or 
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from pathlib import Path
@@ -191,7 +192,12 @@ def test_a_cluster_mode_server_is_named_as_such(tmp_path: Path) -> None:
         if os.environ.get("CI"):
             pytest.fail("redis-server is missing in CI: .ci/run should have installed it")
         pytest.skip("redis-server is not installed")
-    with LocalRedis(args=("--cluster-enabled", "yes")) as node:
+    # The cluster bus listens on its own port (by default the client port + 10000, which is
+    # past 65535 for a high free port): give it a free one.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        bus = s.getsockname()[1]
+    with LocalRedis(args=("--cluster-enabled", "yes", "--cluster-port", str(bus))) as node:
         store = open_store(node.url)
         try:
             with pytest.raises(StoreError, match="cluster mode") as info:
