@@ -53,13 +53,14 @@ def register(sub: Any) -> None:
         action="append",
         metavar="ID[,...]",
         help="only these behaviour check ids or rule ids (repeatable; default: all); "
-        "a behaviour check not selected does not run",
+        "a behaviour check not selected does not run (with --store: store check ids)",
     )
     parser.add_argument(
         "--deselect",
         action="append",
         metavar="ID[,...]",
-        help="leave out these behaviour check ids or rule ids (repeatable)",
+        help="leave out these behaviour check ids or rule ids (repeatable; with --store: "
+        "store check ids)",
     )
     parser.add_argument(
         "--contract-version",
