@@ -29,7 +29,7 @@ def selected_store_checks(
     :raises UsageError: An id that is neither a store check nor ``store-check-failed`` (so a
         typo cannot silently run nothing), or a ``--select`` that names nothing.
     """
-    from ..conformance.usage import UsageError
+    from ..conformance.results.usage import UsageError
     from ..stores.battery import STORE_CHECKS
     from ..stores.report import STORE_RULE
 
@@ -56,7 +56,7 @@ def selected_store_checks(
 
 def run(args: argparse.Namespace) -> int:
     """Run the battery on every ``--store`` URL and report in ``args.format``."""
-    from ..conformance.usage import UsageError
+    from ..conformance.results.usage import UsageError
     from ..errors import StoreError
     from ..stores import discover_stores
     from ..stores.battery import run_store_battery

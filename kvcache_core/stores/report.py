@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Sequence
 
-from ..conformance.model import CheckResult, Finding, Location, Outcome
+from ..conformance.results.model import CheckResult, Finding, Location, Outcome
 from .battery import StoreCheckResult
 from .discovery import StoreRegistry
 
