@@ -45,8 +45,8 @@ sys.path.insert(0, str(ROOT))
 
 from _report import figure, interleaved  # noqa: E402
 
+from kvcache_core.conformance.members.sources import SourceIndex, python_files  # noqa: E402
 from kvcache_core.conformance.source.drift import analyze  # noqa: E402
-from kvcache_core.conformance.sources import SourceIndex, python_files  # noqa: E402
 from tests.checker._generated import generate  # noqa: E402
 from tests.checker._tree import generate_tree  # noqa: E402
 

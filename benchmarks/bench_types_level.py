@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvcache_core.conformance.target import ClassTarget
+from kvcache_core.conformance.targets.target import ClassTarget
 
 
 def _children_cpu() -> float:
@@ -34,7 +34,7 @@ def _children_cpu() -> float:
 
 
 def _targets() -> list[ClassTarget]:
-    from kvcache_core.conformance.plugins import plugin_targets
+    from kvcache_core.conformance.targets.plugins import plugin_targets
 
     targets, errors = plugin_targets()
     for error in errors:
@@ -57,7 +57,7 @@ def _timed(targets: list[ClassTarget], cache: Path) -> tuple[float, float, int]:
 
 def _real_torch(targets: list[ClassTarget]) -> None:
     """mypy on the generated module with site-packages (the real torch), cold, once."""
-    from kvcache_core.conformance.sources import SourceIndex
+    from kvcache_core.conformance.members.sources import SourceIndex
     from kvcache_core.conformance.types import level as types_level
     from kvcache_core.conformance.types._gen import MODULE_NAME, TargetPlan, generate
 

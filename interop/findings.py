@@ -125,10 +125,10 @@ def run_checker(plugin: str = "sglang") -> list[Any]:
     Behaviour results are not handed to the merge: each behaviour check's finding is its own
     (until the merge keeps them apart itself, it folds them into one).
     """
-    from kvcache_core.conformance.merge import merge_levels
-    from kvcache_core.conformance.resolve import resolve_targets
+    from kvcache_core.conformance.members.sources import SourceIndex
+    from kvcache_core.conformance.results.merge import merge_levels
     from kvcache_core.conformance.runner import ALL_LEVELS, run_levels
-    from kvcache_core.conformance.sources import SourceIndex
+    from kvcache_core.conformance.targets.resolve import resolve_targets
 
     index = SourceIndex()
     targets, results = resolve_targets([plugin], against=None, index=index, read_plugins=False)

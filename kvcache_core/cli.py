@@ -17,10 +17,9 @@ warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category
 
 from . import __version__  # noqa: E402
 from .commands import SUBCOMMANDS  # noqa: E402
+from .conformance.reporting.report import EXIT_ERROR  # noqa: E402
 
 __all__ = ["main"]
-
-EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -22,11 +22,11 @@ from functools import cached_property
 from types import ModuleType
 from typing import Any
 
-from .conformance.methods import BODY_RULES, contract_methods
-from .conformance.model import Finding, Location
-from .conformance.plugins import spec_shape_problem
-from .conformance.rules import Severity
+from .conformance.members.methods import BODY_RULES, contract_methods
+from .conformance.results.model import Finding, Location
+from .conformance.results.rules import Severity
 from .conformance.signature.level import signature_findings
+from .conformance.targets.plugins import spec_shape_problem
 from .contracts.pool import KVPool
 from .contracts.spec import PoolConfig, PoolSpec, declared_protocols
 from .errors import PluginRejectedError, UnknownPoolError

@@ -8,6 +8,10 @@ runnable reproduction. Expected failures (``PoolSpec.expected_failures`` or
 ``[tool.kvcache.expected-failures]`` in the project's ``pyproject.toml``) are strict xfails:
 one that passes fails the run until its declaration is removed. A plugin that discovery
 rejects becomes a failing ``test_kvcache_conformance[<name>-discovery]`` rather than vanishing.
+``--kvcache-report=FORMAT:FILE`` (repeatable) also writes the battery's results as one report
+in any ``kvcache check --format``, through the checker's one report pipeline
+([`report`][kvcache_core.conformance.reporting.report.report]), so CI gets the SARIF or
+GitHub annotations ``kvcache check`` would give for the same results, with or without ``-n``.
 
 Why it imports nothing heavy at module level: pytest loads this module (entry point
 ``pytest11``) in *every* run in an environment where kvcache is installed, so without the
@@ -17,22 +21,30 @@ the hooks, and only when ``--kvcache-conformance`` is given.
 
 from __future__ import annotations
 
+import base64
 import os
+import pickle
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 if TYPE_CHECKING:
-    from collections.abc import Generator
+    from collections.abc import Generator, Sequence
 
     from _pytest._code.code import ExceptionInfo, TerminalRepr
 
+    from .conformance.results.model import CheckResult
+    from .conformance.results.suppressions import Suppression
     from .testing import ConformanceCase
 
 __all__ = ["ConformanceItem"]
 
 _OPTION = "kvcache_conformance"
 _PLAN = pytest.StashKey["list[ConformanceCase]"]()
+_REPORTS = pytest.StashKey["list[tuple[str, str]]"]()
+#: The ``user_properties`` key a battery test's result travels under (from an xdist worker to
+#: the process that writes the report).
+_RESULT = "kvcache_conformance_result"
 #: The mark every battery test carries: ``-m kvcache_conformance`` runs only the battery.
 MARK = "kvcache_conformance"
 
@@ -49,6 +61,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="NAME,...",
         help="add one test per (pool, behaviour check) of the installed kvcache plugins; "
         "=NAME,... limits it to those pools or plugins (write it with `=`, or after the paths)",
+    )
+    group.addoption(
+        "--kvcache-report",
+        dest="kvcache_report",
+        action="append",
+        default=None,
+        metavar="FORMAT:FILE",
+        help="also write the battery's results to FILE as one report in FORMAT (text, json, "
+        "junit, sarif or github, as `kvcache check --format`); repeatable",
     )
     group.addoption(
         "--kvcache-store",
@@ -74,12 +95,31 @@ def _requested(config: pytest.Config) -> list[str] | None:
 
 def _pyproject(config: pytest.Config) -> str | None:
     """The project's pyproject.toml: pytest's own, else the nearest one above the rootdir."""
-    from .conformance.suppressions import find_pyproject
+    from .conformance.results.suppressions import find_pyproject
 
     inipath = config.inipath
     if inipath is not None and inipath.name == "pyproject.toml":
         return str(inipath)
     return find_pyproject(str(config.rootpath))
+
+
+def _reports(config: pytest.Config) -> list[tuple[str, str]]:
+    """``--kvcache-report FORMAT:FILE`` values as (format, file); a usage error when malformed."""
+    values: list[str] | None = config.getoption("kvcache_report")
+    if not values:
+        return []
+    from .conformance.reporting.report import FORMATS
+
+    out: list[tuple[str, str]] = []
+    for value in values:
+        fmt, sep, path = value.partition(":")
+        if not sep or not path or fmt not in FORMATS:
+            raise pytest.UsageError(
+                f"--kvcache-report {value!r}: expected FORMAT:FILE with FORMAT one of "
+                f"{', '.join(FORMATS)}"
+            )
+        out.append((fmt, path))
+    return out
 
 
 @pytest.hookimpl(trylast=True)
@@ -89,11 +129,24 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", f"{MARK}: a kvcache behaviour check (added by --kvcache-conformance)"
     )
+    reports = _reports(config)
+    if reports:
+        from .conformance.results.suppressions import load_pyproject
+        from .conformance.results.usage import UsageError
+
+        path = _pyproject(config)
+        try:  # read now: a bad suppression is a usage error before anything runs
+            suppressions = load_pyproject(path) if path else []
+        except UsageError as exc:
+            raise pytest.UsageError(f"--kvcache-report: {exc}") from None
+        config.stash[_REPORTS] = reports
+        writer = _ReportWriter(config, suppressions)
+        config.pluginmanager.register(writer, "kvcache-report-writer")
     names = _requested(config)
     if names is None:
         return
-    from .conformance.expected import load_expected_failures
-    from .conformance.resolve import UsageError
+    from .conformance.results.expected import load_expected_failures
+    from .conformance.targets.resolve import UsageError
     from .testing import plan_conformance
 
     try:
@@ -146,16 +199,15 @@ class ConformanceItem(pytest.Item):
             )
 
     def runtest(self) -> None:
-        from .testing import ConformanceFailure, check_conformance
+        from .testing import case_result, raise_for
 
-        if self.case.spec is None:
-            hint = (
-                f"run `kvcache list` and `kvcache check {self.case.pool}` for every finding"
-                if self.case.check == "discovery"
-                else "fix the pool's PoolSpec.expected_failures"
-            )
-            raise ConformanceFailure(None, f"{self.case.rejection}\n\nhint: {hint}")
-        check_conformance(self.case.spec, self.case.check)
+        result = case_result(self.case)
+        if self.config.stash.get(_REPORTS, None):
+            # Pickled because the result must reach the process that writes the report, and
+            # under pytest-xdist that is another process; only this plugin reads it back.
+            encoded = base64.b64encode(pickle.dumps(result)).decode("ascii")
+            self.user_properties.append((_RESULT, encoded))
+        raise_for(self.case, result)
 
     def repr_failure(
         self, excinfo: ExceptionInfo[BaseException], style: Any = None
@@ -192,3 +244,37 @@ def pytest_runtest_makereport(
             "declaration: an expected failure must not outlive the bug it describes."
         )
     return report
+
+
+class _ReportWriter:
+    """Collects the battery's results as their test reports arrive and writes the
+    ``--kvcache-report`` files when the session ends (in the main process only)."""
+
+    def __init__(self, config: pytest.Config, suppressions: Sequence[Suppression]) -> None:
+        self.config = config
+        self.suppressions = suppressions
+        self.results: dict[str, CheckResult] = {}
+
+    @pytest.hookimpl
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when != "call":
+            return
+        for key, value in report.user_properties:
+            if key == _RESULT and isinstance(value, str):
+                self.results[report.nodeid] = pickle.loads(base64.b64decode(value))
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if hasattr(self.config, "workerinput"):  # an xdist worker: the controller writes
+            return
+        from .conformance.reporting.report import report
+        from .testing import with_pool_seconds
+
+        plan = self.config.stash.get(_PLAN, [])
+        order = {f"test_kvcache_conformance[{case.id}]": i for i, case in enumerate(plan)}
+        ran = sorted(self.results.items(), key=lambda item: order.get(item[0], len(order)))
+        results = with_pool_seconds([result for _, result in ran])
+        for fmt, file in self.config.stash[_REPORTS]:
+            text = report(results, fmt, suppressions=self.suppressions).text
+            with open(file, "w", encoding="utf-8") as fh:
+                fh.write(text)

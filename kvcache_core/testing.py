@@ -21,6 +21,11 @@ spell "one test per case", and it composes with their fixtures, marks and ``-k``
   text is the finding: message, hint and a runnable reproduction.
   It knows nothing of expected failures: the marks say what is expected, the function only
   says what happened.
+* [`conformance_report`][kvcache_core.testing.conformance_report] runs the battery on pools and
+  returns the report ``kvcache check`` would print for those results, in any of its formats,
+  through the checker's one report pipeline
+  ([`report`][kvcache_core.conformance.reporting.report.report]);
+  [`case_result`][kvcache_core.testing.case_result] is one case's result in that report.
 
 ``pytest --kvcache-conformance`` (``kvcache_core.pytest_plugin``) builds the same cases without
 a test module. Importing this module imports torch; the plugin imports it only when asked.
@@ -35,16 +40,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .conformance.behaviour import DEFAULT_TIMEOUT_S, run_check, select_checks
-from .conformance.expected import (
+from .conformance.behaviour import BATTERY, DEFAULT_TIMEOUT_S, run_check, select_checks
+from .conformance.reporting.report import Report, report
+from .conformance.results.expected import (
     ExpectedFailure,
     expected_failures_for,
     load_expected_failures,
     validate_expected_failures,
 )
-from .conformance.model import Finding, Outcome
-from .conformance.resolve import UsageError
-from .conformance.suppressions import find_pyproject
+from .conformance.results.model import CheckResult, Finding, Outcome
+from .conformance.results.suppressions import find_pyproject, load_pyproject
+from .conformance.targets.resolve import UsageError
 from .contracts.spec import PoolSpec
 from .discovery import Registry, discover
 
@@ -55,10 +61,14 @@ if TYPE_CHECKING:
 __all__ = [
     "ConformanceCase",
     "ConformanceFailure",
+    "case_result",
     "check_conformance",
     "conformance_cases",
+    "conformance_report",
     "format_finding",
     "plan_conformance",
+    "raise_for",
+    "with_pool_seconds",
 ]
 
 
@@ -157,15 +167,20 @@ def _cases(spec: PoolSpec, configured: Sequence[ExpectedFailure]) -> list[Confor
     return cases + broken
 
 
-def _configured(pyproject: str | os.PathLike[str] | bool) -> list[ExpectedFailure]:
+def _pyproject_path(pyproject: str | os.PathLike[str] | bool) -> str | None:
+    """True: the nearest ``pyproject.toml`` above the current directory; False: none."""
     if pyproject is False:
-        return []
+        return None
     if pyproject is True:
-        return load_expected_failures(find_pyproject(os.getcwd()))
+        return find_pyproject(os.getcwd())
     path = os.fspath(pyproject)
     if not os.path.isfile(path):
         raise UsageError(f"{path}: no such file")
-    return load_expected_failures(path)
+    return path
+
+
+def _configured(pyproject: str | os.PathLike[str] | bool) -> list[ExpectedFailure]:
+    return load_expected_failures(_pyproject_path(pyproject))
 
 
 def plan_conformance(
@@ -255,3 +270,96 @@ def _marks(expected: ExpectedFailure | None) -> list[pytest.MarkDecorator]:
     if expected is None:
         return []
     return [pytest.mark.xfail(reason=expected.describe(), strict=True, raises=AssertionError)]
+
+
+def case_result(case: ConformanceCase, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> CheckResult:
+    """Run ``case`` and return its result as ``kvcache check`` reports it.
+
+    An expected failure that fails is ``EXPECTED_FAILURE`` (with the reason the project or the
+    spec gives, as the behaviour level shows it); one that passes is ``FAILED`` with a
+    ``behaviour-unexpected-pass`` finding; a case with nothing to run (``spec`` None) is an
+    ``ERROR`` saying why. [`raise_for`][kvcache_core.testing.raise_for] turns the result into
+    what a test should do.
+    """
+    if case.spec is None:
+        return CheckResult(f"pool:{case.pool}", case.check, Outcome.ERROR, detail=case.rejection)
+    declared: dict[str, str] = {}
+    if case.expected is not None and case.expected.origin != f"PoolSpec {case.spec.name!r}":
+        # The project's declaration, worded as the behaviour level words it; the spec's own
+        # declarations are read from the spec by the battery itself.
+        declared[case.check] = case.expected.describe()
+    check = BATTERY[case.check]
+    return run_check(case.spec, check, expected_failures=declared, timeout_s=timeout_s)
+
+
+def raise_for(case: ConformanceCase, result: CheckResult) -> None:
+    """Do what a test of ``case`` does with ``result``: return when the pool did what the case
+    expects of it, raise [`ConformanceFailure`][kvcache_core.testing.ConformanceFailure] with
+    the finding when the check failed.
+
+    A declared expected failure raises too (its ``xfail`` mark turns that into *xfailed*), and
+    one that unexpectedly passed returns (the strict mark turns that into a failure). So a test
+    raises exactly when [`check_conformance`][kvcache_core.testing.check_conformance] would.
+    """
+    if case.spec is None:
+        hint = (
+            f"run `kvcache list` and `kvcache check {case.pool}` for every finding"
+            if case.check == "discovery"
+            else "fix the pool's PoolSpec.expected_failures"
+        )
+        raise ConformanceFailure(None, f"{case.rejection}\n\nhint: {hint}")
+    if result.outcome is Outcome.EXPECTED_FAILURE:
+        finding = result.extra.get("finding")
+        raise ConformanceFailure(finding if isinstance(finding, Finding) else None, result.detail)
+    if result.outcome is Outcome.PASSED or any(
+        f.rule == "behaviour-unexpected-pass" for f in result.findings
+    ):
+        return
+    finding = result.findings[0] if result.findings else None
+    raise ConformanceFailure(finding, f"{result.check} on pool {case.pool!r}: {result.detail}")
+
+
+def with_pool_seconds(results: Sequence[CheckResult]) -> list[CheckResult]:
+    """``results`` with each pool's battery wall time on its first result, as the behaviour
+    level reports it (the text report shows it beside the pool)."""
+    out = list(results)
+    first: dict[str, int] = {}
+    total: dict[str, float] = {}
+    for i, result in enumerate(out):
+        if result.target.startswith("pool:") and result.outcome is not Outcome.ERROR:
+            first.setdefault(result.target, i)
+            total[result.target] = total.get(result.target, 0.0) + (result.duration_s or 0.0)
+    for target, i in first.items():
+        extra = {**out[i].extra, "pool_seconds": total[target]}
+        out[i] = dataclasses.replace(out[i], extra=extra)
+    return out
+
+
+def conformance_report(
+    *pools: str | PoolSpec,
+    format: str = "text",
+    pyproject: str | os.PathLike[str] | bool = True,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> Report:
+    """The behaviour battery on ``pools`` as one report, in any ``kvcache check --format``.
+
+    ``pools`` and ``pyproject`` are read as
+    [`conformance_cases`][kvcache_core.testing.conformance_cases] reads them (none: every
+    installed pool); the project's ``[tool.kvcache]`` suppressions apply as well. Every case
+    runs ([`case_result`][kvcache_core.testing.case_result]) and the results go through the
+    checker's one report pipeline, so the report reads as ``kvcache check`` prints the same
+    results, and ``exit_code`` is the command's. A pool discovery rejected is an ``ERROR``
+    result (exit code 2), not an exception: a report says what went wrong.
+    """
+    path = _pyproject_path(pyproject)
+    configured = load_expected_failures(path)
+    names = [p for p in pools if isinstance(p, str)]
+    direct = {p.name: p for p in pools if isinstance(p, PoolSpec)}
+    cases: list[ConformanceCase] = []
+    if names or not pools:
+        installed = [e for e in configured if e.pool not in direct]
+        cases = plan_conformance(names or None, configured=installed)
+    for name, spec in direct.items():
+        cases += _cases(spec, [e for e in configured if e.pool == name])
+    results = with_pool_seconds([case_result(case, timeout_s=timeout_s) for case in cases])
+    return report(results, format, suppressions=load_pyproject(path) if path else [])

@@ -21,7 +21,7 @@ from hypothesis import settings
 # pytester test is dropped at its teardown and imported afresh by the next, and a second
 # ``kvcache_core.contracts.spec`` makes every built-in spec "not a PoolSpec" to the first.
 import kvcache_core.conformance.behaviour
-import kvcache_core.conformance.plugins
+import kvcache_core.conformance.targets.plugins
 import kvcache_core.discovery  # noqa: F401
 import kvcache_plugins.dsa
 import kvcache_plugins.hisparse

@@ -77,12 +77,26 @@ def test_no_module_imports_another_modules_private_names():
     assert offenders == []
 
 
+CONFORMANCE = ROOT / "kvcache_core" / "conformance"
+#: The checker's rooms by job; every level has its own room besides (see ``LEVELS``).
+CHECKER_JOBS = ("members", "results", "targets", "reporting")
+#: The only modules at the top of ``conformance/``: its public face and the runner.
+CHECKER_TOP = {"__init__.py", "runner.py"}
+
+
+def _level_names() -> tuple[str, ...]:
+    from kvcache_core.conformance import LEVELS
+
+    return tuple(level.name for level in LEVELS)
+
+
 def test_conformance_has_one_subpackage_per_level():
-    conformance = ROOT / "kvcache_core" / "conformance"
-    for level in ("source", "signature", "types", "behaviour"):
-        assert (conformance / level / "__init__.py").is_file(), level
+    levels = _level_names()
+    assert levels == ("source", "signature", "types", "behaviour")
+    for level in levels:
+        assert (CONFORMANCE / level / "__init__.py").is_file(), level
     # Private modules are shared only inside their own subpackage.
-    for path in conformance.rglob("*.py"):
+    for path in CONFORMANCE.rglob("*.py"):
         for module, _, line in _resolved_imports(path):
             parts = module.split(".")
             private = [i for i, p in enumerate(parts) if p.startswith("_") and p != "__init__"]
@@ -90,6 +104,68 @@ def test_conformance_has_one_subpackage_per_level():
                 owner = ".".join(parts[: private[0]])
                 here = ".".join(path.relative_to(ROOT).with_suffix("").parts)
                 assert here.startswith(owner + "."), f"{here}:{line} reaches into {module}"
+
+
+def test_every_level_is_in_the_one_tuple_and_runs_through_it():
+    """A subpackage whose ``level.py`` offers ``run_level`` is a level: it is listed in
+    ``LEVELS`` (and every entry there names such a module). No other module picks levels by
+    name: the runner iterates the tuple."""
+    from kvcache_core.conformance import LEVELS
+
+    offered = {
+        path.parent.name
+        for path in CONFORMANCE.glob("*/level.py")
+        if any(
+            isinstance(node, ast.FunctionDef) and node.name == "run_level"
+            for node in ast.parse(path.read_text(encoding="utf-8")).body
+        )
+    }
+    assert offered == set(_level_names())
+    for level in LEVELS:
+        assert getattr(level, "module", None) == f"kvcache_core.conformance.{level.name}.level"
+    runner = ast.parse((CONFORMANCE / "runner.py").read_text(encoding="utf-8"))
+    compared = [
+        ast.unparse(node)
+        for node in ast.walk(runner)
+        if isinstance(node, ast.Compare)
+        and any(
+            isinstance(c, ast.Constant) and c.value in offered
+            for c in (node.left, *node.comparators)
+        )
+    ]
+    # Only the behaviour level's own options (expected failures, --select) are named there.
+    assert all("'behaviour'" in text for text in compared), compared
+
+
+def test_each_checker_module_lives_in_the_room_of_its_job():
+    """``conformance/`` holds its face and the runner; everything else sits in a job's room
+    (member comparison, results, target resolution, reporting) or a level's."""
+    rooms = set(CHECKER_JOBS) | set(_level_names())
+    top = {path.name for path in CONFORMANCE.glob("*.py")}
+    assert top == CHECKER_TOP
+    folders = {p.name for p in CONFORMANCE.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders == rooms
+    for room in rooms:
+        assert (CONFORMANCE / room / "__init__.py").is_file(), room
+        assert ast.get_docstring(ast.parse((CONFORMANCE / room / "__init__.py").read_text()))
+
+
+def test_formats_and_exit_codes_are_defined_once():
+    names = {"FORMATS", "EXIT_OK", "EXIT_FINDINGS", "EXIT_ERROR"}
+    defined: dict[str, list[str]] = {name: [] for name in names}
+    for path in (ROOT / "kvcache_core").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets: list[ast.expr] = []
+            if isinstance(node, ast.Assign):
+                targets = node.targets
+            elif isinstance(node, ast.AnnAssign):
+                targets = [node.target]
+            for target in targets:
+                for part in ast.walk(target):
+                    if isinstance(part, ast.Name) and part.id in names:
+                        defined[part.id].append(str(path.relative_to(ROOT)))
+    where = "kvcache_core/conformance/reporting/report.py"
+    assert defined == {name: [where] for name in names}
 
 
 def test_the_reference_engine_speaks_only_the_public_face():

@@ -1,7 +1,9 @@
-"""``kvcache list`` reports plugins found through entry points, in text and JSON.
+"""``kvcache list`` reports plugins found through entry points (pools and snapshot stores), in
+text and JSON.
 
-Every test runs the real command in a fresh process; fake distributions are installed with the
-``fake_site`` fixture and put on that process's ``PYTHONPATH``.
+The pool tests run the real command in a fresh process; fake distributions are installed with
+the ``fake_site`` fixture and put on that process's ``PYTHONPATH``. The store-plugin test runs
+it in this process (the fake distributions are on ``sys.path`` already).
 """
 
 from __future__ import annotations
@@ -15,6 +17,36 @@ from pathlib import Path
 import pytest
 
 BUILTINS = ["dsa", "hisparse", "mamba", "mha", "mla", "swa"]
+BUILTIN_STORES = ["dir", "memory", "redis"]
+
+# A store plugin whose class lacks most of the SnapshotStore methods (contract drift), and one
+# whose second store claims the ``dir:`` scheme the built-in directory store opens.
+DRIFTING_STORE = """
+from kvcache_core import StoreSpec, hookimpl
+
+
+class HalfStore:
+    def put(self, key, value, *, ttl=None):
+        pass
+
+
+@hookimpl
+def kvcache_store_specs():
+    return [StoreSpec(name="half", schemes=("half",), factory=HalfStore, store_class=HalfStore)]
+"""
+
+CLASHING_STORE = """
+from kvcache_core import StoreSpec, hookimpl
+from kvcache_plugins.stores.memory import MemoryStore, open_memory
+
+
+@hookimpl
+def kvcache_store_specs():
+    return [StoreSpec(name="mine", schemes=("mine",), factory=open_memory,
+                      store_class=MemoryStore),
+            StoreSpec(name="other", schemes=("dir",), factory=open_memory,
+                      store_class=MemoryStore)]
+"""
 
 HEADER = """
 from kvcache_core import Capability, PoolSpec, hookimpl
@@ -96,6 +128,19 @@ def test_json_lists_every_builtin_accepted_and_exits_0():
     assert mha["capabilities"] == ["offload", "paged"]
     assert mha["reason"] is None
     assert all(r["warnings"] == [] and r["notes"] == [] for r in rows.values())
+    stores = {r["store"]: r for r in json.loads(proc.stdout)["stores"]}
+    assert sorted(stores) == BUILTIN_STORES
+    assert [stores[n]["schemes"] for n in BUILTIN_STORES] == [
+        ["dir"],
+        ["memory"],
+        ["redis", "rediss"],
+    ]
+    redis = stores["redis"]
+    assert redis["status"] == "accepted" and redis["reason"] is None
+    assert redis["plugin"] == "redis" and redis["distribution"] == "kvcache"
+    assert redis["version"] == "0.1.0" and redis["shared"] is True
+    assert stores["memory"]["shared"] is False
+    assert stores["memory"]["example_url"] == "memory:kvcache-check"
 
 
 def test_text_names_distribution_and_status_and_exits_0():
@@ -110,7 +155,12 @@ def test_text_names_distribution_and_status_and_exits_0():
         "  accepted mha        plugin=mha dist=kvcache 0.1.0 contract=2 capabilities=offload,paged"
         in lines
     )
-    assert len(lines) == 1 + len(BUILTINS)  # no reason, warning or note lines
+    assert lines[1 + len(BUILTINS) :] == [  # no reason, warning or note lines
+        "snapshot stores: 3 accepted, 0 rejected, 0 skipped",
+        "  accepted dir        plugin=dir dist=kvcache 0.1.0 schemes=dir:",
+        "  accepted memory     plugin=memory dist=kvcache 0.1.0 schemes=memory:",
+        "  accepted redis      plugin=redis dist=kvcache 0.1.0 schemes=redis:,rediss:",
+    ]
 
 
 def test_rejected_plugin_exits_1_and_shows_what_it_declared(newer):
@@ -195,3 +245,77 @@ def test_policy_skips_are_listed_and_exit_0(newer):
         row = rows[f"skipped:{plugin}"]
         assert row["reason"] == "disabled by deny list" and row["distribution"] == dist
     assert "accepted:swa" not in rows and not any(k.startswith("rejected:") for k in rows)
+
+
+def test_store_plugins_rejected_and_skipped_are_listed_with_the_reason(
+    fake_site, capsys, monkeypatch
+):
+    """In this process (the other tests pay a fresh interpreter each): ``fake_site`` puts the
+    distributions on ``sys.path``, which is all entry-point discovery reads."""
+    from kvcache_core.cli import main
+
+    def listed(*args: str) -> tuple[int, str]:
+        code = main(["list", *args])
+        return code, capsys.readouterr().out
+
+    fake_site(
+        "kv-halfstore",
+        entry_points={"half": "kvlist_halfstore"},
+        modules={"kvlist_halfstore": DRIFTING_STORE},
+        group="kvcache.stores",
+        version="0.3",
+    )
+    fake_site(
+        "kv-clash",
+        entry_points={"clash": "kvlist_clash"},
+        modules={"kvlist_clash": CLASHING_STORE},
+        group="kvcache.stores",
+    )
+    fake_site(
+        "kv-nostore",
+        entry_points={"nostore": "kvlist_nostore"},
+        modules={"kvlist_nostore": "raise ImportError('needs a cloud SDK')"},
+        group="kvcache.stores",
+    )
+    for var in (
+        "KVCACHE_STORES",
+        "KVCACHE_PLUGINS",
+        "KVCACHE_DISABLE_PLUGINS",
+        "KVCACHE_DISABLE_PLUGIN_AUTOLOAD",
+    ):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("KVCACHE_DISABLE_STORES", "redis")
+    code, out = listed()
+    assert code == 1, out
+    lines = out.splitlines()
+    first = lines.index("snapshot stores: 2 accepted, 4 rejected, 1 skipped")
+    stores = lines[first + 1 :]
+    assert "  accepted mine       plugin=clash dist=kv-clash 1.0 schemes=mine:" in stores
+    i = stores.index("  rejected half       plugin=half dist=kv-halfstore 0.3 schemes=-")
+    assert stores[i + 1].startswith("           reason: ") and "get" in stores[i + 1]
+    i = stores.index("  rejected -          plugin=nostore dist=kv-nostore 1.0 schemes=-")
+    assert stores[i + 1].startswith(
+        "           reason: import failed: ImportError: needs a cloud SDK"
+    )
+    i = stores.index("  skipped  -          plugin=redis dist=kvcache 0.1.0 schemes=-")
+    assert stores[i + 1] == "           reason: disabled by deny list"
+    clashes = [line for line in stores if "duplicate scheme dir:" in line]
+    assert len(clashes) == 2, stores  # both claimants refused, neither shadows the other
+
+    monkeypatch.delenv("KVCACHE_DISABLE_STORES")
+    code, out = listed("--format", "json")
+    assert code == 1
+    data = json.loads(out)
+    rows = {(r["status"], r["store"] or r["plugin"]): r for r in data["stores"]}
+    half = rows[("rejected", "half")]
+    assert half["distribution"] == "kv-halfstore" and half["version"] == "0.3"
+    assert "get" in half["reason"] and half["schemes"] == []
+    assert rows[("rejected", "nostore")]["store"] is None
+    assert rows[("accepted", "mine")]["schemes"] == ["mine"]
+    assert ("accepted", "redis") in rows  # no deny list this time
+    assert {k for k in rows if k[0] == "rejected"} == {
+        ("rejected", "half"),
+        ("rejected", "nostore"),
+        ("rejected", "dir"),
+        ("rejected", "other"),
+    }

@@ -95,7 +95,7 @@ def test_plugins_read_without_importing_report_what_importing_them_reports(
     targets: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from kvcache_core.cli import main
-    from kvcache_core.conformance import plugin_source
+    from kvcache_core.conformance.targets import plugin_source
 
     report = _probe("check", "--level", "source", *targets)
     # In this process every plugin is imported instead: what `kvcache check` did before.

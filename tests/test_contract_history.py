@@ -7,9 +7,10 @@ import dataclasses
 import pytest
 
 from kvcache_core import VERSIONS, KVWriteLoc, OffloadablePool, unwrap_write_loc
-from kvcache_core.conformance.compare import compare_signatures
-from kvcache_core.conformance.introspect import protocol_methods
-from kvcache_core.contracts.signature import MethodSig, Param, ParamKind, normalize_annotation
+from kvcache_core.conformance.members.compare import compare_signatures
+from kvcache_core.conformance.members.introspect import protocol_methods
+from kvcache_core.conformance.members.signatures import normalize_annotation
+from kvcache_core.contracts.signature import MethodSig, Param, ParamKind
 
 
 def _shape(sig: MethodSig) -> tuple:
@@ -35,7 +36,7 @@ def test_version_1_lacks_mamba_indices_and_writeloc():
 
 def test_a_version_1_implementation_is_named_as_such():
     impl = MethodSig("get_cpu_copy", (Param("indices"),))
-    from kvcache_core.conformance.versions import change_note
+    from kvcache_core.conformance.members.versions import change_note
 
     note = change_note("get_cpu_copy", impl, 2)
     assert note.startswith("matches contract 1; contract 2 added `mamba_indices")
@@ -78,7 +79,7 @@ def test_fast_signature_reading_agrees_with_inspect():
 
     import kvcache_plugins.allocators as allocators
     from kvcache_core import discover
-    from kvcache_core.contracts import signature as sm
+    from kvcache_core.conformance.members import signatures as sm
 
     def samples(a, /, b, c=3, *args, d, e=5, **kw) -> int: ...
     def plain(x: int = 1, *, y: "str | None" = None): ...  # noqa: UP037 (a string on purpose)
@@ -114,7 +115,7 @@ def test_fast_signature_reading_agrees_with_inspect():
     ],
 )
 def test_only_an_exact_version_1_signature_is_called_version_1(params):
-    from kvcache_core.conformance.versions import change_note
+    from kvcache_core.conformance.members.versions import change_note
 
     impl = MethodSig("get_cpu_copy", params)
     assert change_note("get_cpu_copy", impl, 2) == ""
@@ -129,7 +130,7 @@ def test_only_an_exact_version_1_signature_is_called_version_1(params):
     ],
 )
 def test_an_exact_version_1_signature_is_called_version_1(params, returns):
-    from kvcache_core.conformance.versions import change_note
+    from kvcache_core.conformance.members.versions import change_note
 
     impl = MethodSig("get_cpu_copy", params, returns)
     assert change_note("get_cpu_copy", impl, 2).startswith("matches contract 1; contract 2 added")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvcache_core.conformance.rules import RULES
+from kvcache_core.conformance.results.rules import RULES
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
@@ -23,7 +23,7 @@ def test_every_builtin_pool_has_a_page():
 
 def test_contract_page_lists_every_protocol_method_exactly():
     from kvcache_core import contracts
-    from kvcache_core.conformance.introspect import protocol_methods
+    from kvcache_core.conformance.members.introspect import protocol_methods
 
     text = (DOCS / "contract.md").read_text(encoding="utf-8")
     protocols = [

@@ -11,7 +11,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from kvcache_core.conformance.model import CheckResult, Finding, Outcome
+from kvcache_core.conformance.results.model import CheckResult, Finding, Outcome
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kvcache_core import discover
-from kvcache_core.conformance.plugins import plugin_targets
+from kvcache_core.conformance.targets.plugins import plugin_targets
 from kvcache_core.plugin_loader import STORE_ENTRY_POINT_GROUP
 from kvcache_core.stores import discover_stores
 

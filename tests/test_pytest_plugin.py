@@ -260,9 +260,21 @@ def test_xdist_workers_collect_the_same_battery(
 
     monkeypatch.setenv("PYTHONPATH", _subprocess_env(project)["PYTHONPATH"])
     args = ["-p", PLUGIN, "--kvcache-conformance=kvc_gallery", "-k", "write-forms-agree"]
+    written = project.path / "battery.json"
+    args.append(f"--kvcache-report=json:{written}")
     result = project.runpytest_subprocess("-n", "2", "-p", "no:hypothesispytest", *args)
     # a difference between the workers' collections would be an error, not these outcomes
     result.assert_outcomes(failed=2, xfailed=2)
+    # The workers' results reach the controller, which writes the one report (in plan order).
+    import json
+
+    results = json.loads(written.read_text(encoding="utf-8"))["results"]
+    assert [(r["target"], r["outcome"]) for r in results] == [
+        ("pool:brk-alias", "failed"),
+        ("pool:brk-specxfail", "expected-failure"),
+        ("pool:brk-stale", "failed"),
+        ("pool:brk-tomlxfail", "expected-failure"),
+    ]
 
 
 def test_the_pytest11_entry_point_loads_it_and_costs_no_torch(project: pytest.Pytester) -> None:
@@ -351,3 +363,88 @@ def test_a_spec_expecting_an_unknown_check_fails_one_test_not_the_run(
             "*expected failure brk-badspec/no-such-check: unknown behaviour check*",
         ]
     )
+
+
+def test_kvcache_report_is_the_checkers_report_of_the_battery(
+    project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--kvcache-report`` writes, in every format, the bytes the library's one pipeline gives
+    for the same cases; and its results are the ones ``kvcache check`` reports for those pools
+    (a still clock makes durations equal on both sides)."""
+    import json
+    import time
+
+    from kvcache_core.cli import main
+    from kvcache_core.conformance import FORMATS, report
+    from kvcache_core.conformance.results.expected import load_expected_failures
+    from kvcache_core.testing import case_result, plan_conformance, with_pool_seconds
+
+    monkeypatch.setattr(time, "perf_counter", lambda: 0.0)
+    out = {fmt: project.path / f"battery.{fmt}" for fmt in FORMATS}
+    reports = [f"--kvcache-report={fmt}:{path}" for fmt, path in out.items()]
+    names = "--kvcache-conformance=kvc_gallery,kvc_broken"
+    result = run(project, names, "-k", "write-forms-agree or discovery", *reports)
+    result.assert_outcomes(failed=3, xfailed=2)
+
+    pyproject = str(project.path / "pyproject.toml")
+    cases = [
+        case
+        for case in plan_conformance(
+            ["kvc_gallery", "kvc_broken"], configured=load_expected_failures(pyproject)
+        )
+        if case.check in ("write-forms-agree", "discovery")
+    ]
+    library = [report(with_pool_seconds([case_result(c) for c in cases]), f) for f in FORMATS]
+    for fmt, expected in zip(FORMATS, library, strict=True):
+        assert out[fmt].read_text(encoding="utf-8") == expected.text, fmt
+    assert library[0].exit_code == 2  # the rejected plugin could not run
+    written = json.loads(out["json"].read_text(encoding="utf-8"))["results"]
+    outcomes = {r["target"]: r["outcome"] for r in written}
+    assert outcomes == {
+        "pool:brk-alias": "failed",
+        "pool:brk-specxfail": "expected-failure",
+        "pool:brk-stale": "failed",
+        "pool:brk-tomlxfail": "expected-failure",
+        "pool:kvc_broken": "error",
+    }
+
+    check_json = project.path / "check.json"
+    argv = ["check", "kvc_gallery", "--level", "behaviour", "--select", "write-forms-agree"]
+    main([*argv, "--format", "json", "--config", pyproject, "--output", str(check_json)])
+
+    def shown(results: list[dict[str, object]]) -> list[tuple[object, ...]]:
+        return sorted(
+            (r["target"], r["check"], r["outcome"], r["detail"], json.dumps(r["findings"]))
+            for r in results
+            if str(r["target"]).startswith("pool:brk-")
+        )
+
+    checked = json.loads(check_json.read_text(encoding="utf-8"))["results"]
+    assert len(shown(written)) == 4
+    assert shown(written) == shown(checked)
+
+
+def test_kvcache_report_needs_a_known_format_and_a_file(project: pytest.Pytester) -> None:
+    for bad in ("yaml:out.yaml", "json", "json:"):
+        result = run(project, "--kvcache-conformance=brk-alias", f"--kvcache-report={bad}")
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        assert "expected FORMAT:FILE with FORMAT one of text, json" in result.stderr.str()
+
+
+def test_conformance_report_is_what_the_plugin_writes(
+    project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``kvcache_core.testing.conformance_report`` and ``--kvcache-report`` are one report."""
+    import time
+
+    from kvcache_core.testing import conformance_report
+
+    monkeypatch.setattr(time, "perf_counter", lambda: 0.0)
+    written = project.path / "battery.txt"
+    run(project, "--kvcache-conformance=brk-alias", f"--kvcache-report=text:{written}")
+    library = conformance_report("brk-alias", pyproject=project.path / "pyproject.toml")
+    assert written.read_text(encoding="utf-8") == library.text
+    assert library.exit_code == 1
+    failed = [r.check for r in library.results if r.outcome.value != "passed"]
+    assert failed == ["behaviour/write-forms-agree"]
+    assert "pool:brk-alias  (behaviour checks: 0.00 s)" in library.text

@@ -1,44 +1,30 @@
-"""What ``kvcache check`` and ``kvcache drift`` share after their checks ran: suppressions,
-rendering through the one renderer module, writing, and the exit code.
+"""What ``kvcache check`` and ``kvcache drift`` share around the report: the output options,
+reading ``--config``, writing the report and the usage-error line. The report itself (suppress,
+merge, render, exit code) is the library's
+([`report`][kvcache_core.conformance.reporting.report.report]), so a library caller gets the
+same bytes.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
-from collections.abc import Callable, Collection, Iterable, Sequence
-from typing import cast
+from collections.abc import Collection, Iterable, Sequence
 
-from ..conformance.expected import ExpectedFailure
-from ..conformance.expected import load_expected_failures as _load_expected
-from ..conformance.merge import merge_levels
-from ..conformance.model import CheckResult
-from ..conformance.runner import exit_code
-from ..conformance.suppressions import (
-    Suppression,
-    apply_suppressions,
-    find_pyproject,
-    load_pyproject,
-    scan_inline,
-)
-from ..conformance.usage import UsageError
+from ..conformance.reporting.report import EXIT_ERROR, FORMATS, report
+from ..conformance.results.model import CheckResult
+from ..conformance.results.suppressions import Suppression, find_pyproject, load_pyproject
+from ..conformance.results.usage import UsageError
 
 __all__ = [
-    "FORMATS",
     "add_output_options",
     "config_path",
     "finish",
     "load_config",
-    "load_expected_failures",
     "usage_error",
+    "write",
 ]
-
-FORMATS: tuple[str, ...] = ("text", "json", "junit", "sarif", "github")
-_RENDER_MODULE = "kvcache_core.conformance.render"
-
-Render = Callable[[Sequence[CheckResult], str], str]
 
 
 def add_output_options(parser: argparse.ArgumentParser) -> None:
@@ -56,7 +42,7 @@ def add_output_options(parser: argparse.ArgumentParser) -> None:
 
 def usage_error(command: str, message: str) -> int:
     print(f"kvcache {command}: error: {message}", file=sys.stderr)
-    return 2
+    return EXIT_ERROR
 
 
 def config_path(args: argparse.Namespace) -> str | None:
@@ -72,37 +58,13 @@ def load_config(args: argparse.Namespace) -> list[Suppression]:
     return load_pyproject(path) if path else []
 
 
-def load_expected_failures(args: argparse.Namespace) -> list[ExpectedFailure]:
-    """``[tool.kvcache.expected-failures]`` of the same file ``load_config`` reads.
-
-    Only the table's shape is checked here; check ids and pool names are checked by the
-    behaviour level against the battery and the pools it runs on.
-    """
-    return _load_expected(config_path(args))
-
-
-def _renderer() -> Render:
-    try:
-        module = importlib.import_module(_RENDER_MODULE)
-    except ModuleNotFoundError as exc:
-        if exc.name != _RENDER_MODULE:
-            raise
-        raise UsageError(
-            f"output renderers are not available in this kvcache ({_RENDER_MODULE} is missing)"
-        ) from None
-    render = getattr(module, "render", None)
-    if not callable(render):
-        raise UsageError(f"{_RENDER_MODULE} has no render()")
-    return cast(Render, render)
-
-
-def _paths(results: Sequence[CheckResult], extra: Iterable[str]) -> set[str]:
-    paths = {p for p in extra if p}
-    for result in results:
-        for finding in result.findings:
-            if finding.impl_location is not None:
-                paths.add(finding.impl_location.path)
-    return {p for p in paths if p.endswith(".py") and os.path.isfile(p)}
+def write(args: argparse.Namespace, text: str) -> None:
+    """The report to ``--output`` as it is, or to stdout ending in one newline."""
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    else:
+        sys.stdout.write(text if text.endswith("\n") or not text else text + "\n")
 
 
 def finish(
@@ -113,16 +75,13 @@ def finish(
     scanned: Iterable[str],
     active_rules: Collection[str] | None = None,
 ) -> int:
-    """Apply suppressions, merge what several levels saw, render in ``args.format``, write,
-    and return the exit code."""
-    render = _renderer()
-    suppressions = [*configured, *scan_inline(_paths(results, scanned))]
-    # Suppressions first, then one finding per drift (see conformance/merge.py for why).
-    final = merge_levels(apply_suppressions(results, suppressions, active_rules=active_rules))
-    text = render(final, args.format)
-    if args.output:
-        with open(args.output, "w", encoding="utf-8") as fh:
-            fh.write(text)
-    else:
-        sys.stdout.write(text if text.endswith("\n") or not text else text + "\n")
-    return exit_code(final)
+    """The report of ``results`` in ``args.format``, written; returns the exit code."""
+    done = report(
+        results,
+        args.format,
+        suppressions=configured,
+        scanned=scanned,
+        active_rules=active_rules,
+    )
+    write(args, done.text)
+    return done.exit_code

@@ -11,18 +11,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..conformance.runner import ALL_LEVELS, DEFAULT_LEVELS
 from ..contracts.history import CONTRACT_VERSION
 from ._output import add_output_options
-
-if TYPE_CHECKING:  # annotations only: registering the parser stays cheap
-    from collections.abc import Sequence
-
-    from ..conformance.selection import Selection
-    from ..conformance.target import ClassTarget
-    from ..contracts.spec import PoolSpec
 
 __all__ = ["register", "run"]
 
@@ -60,13 +53,14 @@ def register(sub: Any) -> None:
         action="append",
         metavar="ID[,...]",
         help="only these behaviour check ids or rule ids (repeatable; default: all); "
-        "a behaviour check not selected does not run",
+        "a behaviour check not selected does not run (with --store: store check ids)",
     )
     parser.add_argument(
         "--deselect",
         action="append",
         metavar="ID[,...]",
-        help="leave out these behaviour check ids or rule ids (repeatable)",
+        help="leave out these behaviour check ids or rule ids (repeatable; with --store: "
+        "store check ids)",
     )
     parser.add_argument(
         "--contract-version",
@@ -93,79 +87,35 @@ def run(args: argparse.Namespace) -> int:
         return run_store_checks(args)
     # Imported here, not at module level: registering the parser must stay cheap, and which of
     # these pull in torch depends on the targets (plugins do; paths at --level source do not).
-    from ..conformance.expected import check_applicable, check_known_ids
-    from ..conformance.resolve import parse_protocols, resolve_targets
-    from ..conformance.runner import (
-        active_rules,
-        check_contract_version,
-        parse_levels,
-        run_levels,
-    )
-    from ..conformance.selection import parse_selection
-    from ..conformance.sources import SourceIndex
-    from ..conformance.usage import UsageError
-    from ._output import finish, load_config, load_expected_failures, usage_error
+    from ..conformance.results.usage import UsageError
+    from ..conformance.runner import check, check_contract_version, parse_levels
+    from ..conformance.targets.resolve import parse_protocols
+    from ._output import config_path, usage_error, write
     from .progress import Progress
 
     try:
-        levels = parse_levels(args.level)
-        against = parse_protocols(args.against)
-        version = check_contract_version(args.contract_version)
-        configured = load_config(args)
-        expected = load_expected_failures(args)
-        check_known_ids(expected)
-        selection = parse_selection(args.select, args.deselect)
-        index = SourceIndex()
-        targets, results = resolve_targets(
-            args.targets, against=against, index=index, read_plugins=levels == ("source",)
-        )
-        if expected and "behaviour" in levels:
-            check_applicable(expected, _checked_specs(targets))
+        # What the library checks too, here first so that the command reports the first
+        # mistake in the order it always has, and names --config as the option it is.
+        parse_levels(args.level)
+        parse_protocols(args.against)
+        check_contract_version(args.contract_version)
+        config = config_path(args)
         status = Progress(sys.stderr)  # a status line on a terminal only
         try:
-            results += run_levels(
-                targets,
-                levels,
-                contract_version=version,
-                index=index,
-                expected_failures=expected,
+            report = check(
+                args.targets,
+                levels=args.level,
+                against=args.against,
+                contract_version=args.contract_version,
+                select=args.select,
+                deselect=args.deselect,
+                pyproject=config or False,
+                format=args.format,
                 progress=status.update,
-                behaviour_checks=_behaviour_checks(selection, levels),
             )
         finally:
             status.done()
-        return finish(
-            args,
-            selection.apply(results),
-            configured=configured,
-            scanned=[t.path or "" for t in targets],
-            active_rules=[r for r in active_rules(levels) if selection.wants({r})],
-        )
+        write(args, report.text)
+        return report.exit_code
     except UsageError as exc:
         return usage_error("check", str(exc))
-
-
-def _checked_specs(targets: Sequence[ClassTarget]) -> dict[str, PoolSpec]:
-    """The specs of the pools the behaviour level will run, by pool name."""
-    from ..conformance.plugins import plugin_specs
-
-    pairs: set[tuple[str, str]] = set()
-    for t in targets:
-        pairs.update(t.serves)
-        if t.plugin is not None and t.pool is not None:
-            pairs.add((t.plugin, t.pool))
-    return {
-        spec.name: spec
-        for plugin in sorted({p for p, _ in pairs})
-        for spec in plugin_specs(plugin)
-        if (plugin, spec.name) in pairs
-    }
-
-
-def _behaviour_checks(selection: Selection, levels: tuple[str, ...]) -> list[str] | None:
-    """The battery checks ``--select``/``--deselect`` leave (None: all, or no behaviour)."""
-    if selection.everything or "behaviour" not in levels:
-        return None
-    from ..conformance.battery_ids import battery_ids
-
-    return selection.behaviour_checks(battery_ids())

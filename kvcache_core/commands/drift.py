@@ -42,8 +42,8 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..conformance.results.usage import UsageError
     from ..conformance.source.drift import DRIFT_RULES, run_drift
-    from ..conformance.usage import UsageError
     from ._output import finish, load_config, usage_error
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]

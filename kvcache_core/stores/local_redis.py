@@ -15,6 +15,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 
 __all__ = ["LocalRedis", "redis_server_path"]
 
@@ -35,9 +36,11 @@ class LocalRedis:
     [`stop`][kvcache_core.stores.local_redis.LocalRedis.stop] (or use it as a context manager).
 
     :param timeout: The per-call timeout the ``url`` sets (short, so outage tests are quick).
+    :param args: More ``redis-server`` options, appended to the command line (e.g.
+        ``("--cluster-enabled", "yes")`` for a node of a cluster).
     """
 
-    def __init__(self, *, timeout: float = 1.0) -> None:
+    def __init__(self, *, timeout: float = 1.0, args: Sequence[str] = ()) -> None:
         exe = redis_server_path()
         if exe is None:
             raise FileNotFoundError(
@@ -50,6 +53,8 @@ class LocalRedis:
         self.timeout = timeout
         """The per-call timeout ``url`` sets, in seconds (the battery's outage checks wait
         for it to expire)."""
+        self.args = tuple(args)
+        """The extra ``redis-server`` options it was started with (kept for ``restart``)."""
         self._workdir = tempfile.mkdtemp(prefix="kvcache-redis-")
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -74,6 +79,7 @@ class LocalRedis:
             self._workdir,
             "--protected-mode",
             "no",
+            *self.args,
         ]
         self._proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10

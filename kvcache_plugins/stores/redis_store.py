@@ -70,6 +70,14 @@ class RedisStore:
                 f"{self.where} did not answer {what} (timeout {self.timeout:g} s): "
                 f"{type(exc).__name__}: {exc}"
             ) from None
+        except _cluster_errors(redis) as exc:
+            raise StoreError(
+                f"{self.where} refused {what}: {type(exc).__name__}: {exc}: the server runs in "
+                "cluster mode (sharded), and this store talks to one non-sharded endpoint: use "
+                "the service's primary endpoint with cluster mode disabled, or a store plugin "
+                "built on redis-py's RedisCluster (see 'Running against a managed Redis or "
+                "Valkey' in the snapshot-store docs)"
+            ) from None
         except redis.exceptions.RedisError as exc:
             raise StoreError(f"{self.where} refused {what}: {type(exc).__name__}: {exc}") from None
 
@@ -135,6 +143,17 @@ class RedisStore:
     def close(self) -> None:
         """Close the connection pool."""
         self._client.close()
+
+
+def _cluster_errors(redis: Any) -> tuple[type[BaseException], ...]:
+    """The replies only a cluster-mode server gives (a key on another shard, slots not served,
+    keys of one call on several shards): pointed at a sharded service, the store says so rather
+    than passing on a bare ``MOVED``."""
+    found = (getattr(redis.exceptions, n, None) for n in _CLUSTER_ERRORS)
+    return tuple(c for c in found if isinstance(c, type))
+
+
+_CLUSTER_ERRORS = ("AskError", "ClusterError", "ClusterCrossSlotError")  # MovedError is an AskError
 
 
 def _seconds(options: dict[str, list[str]], name: str, default: float) -> float:

@@ -12,7 +12,7 @@ import pytest
 import kvcache_core
 from kvcache_core import PoolSpec, discover
 from kvcache_core.conformance.behaviour import run_spec
-from kvcache_core.conformance.model import CheckResult, Outcome
+from kvcache_core.conformance.results.model import CheckResult, Outcome
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "kvcache-example-pool"

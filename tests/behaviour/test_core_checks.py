@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from kvcache_core.conformance.behaviour import BATTERY, run_spec, select_checks
-from kvcache_core.conformance.model import Outcome
-from kvcache_core.conformance.plugins import plugin_specs
+from kvcache_core.conformance.results.model import Outcome
+from kvcache_core.conformance.targets.plugins import plugin_specs
 from kvcache_core.contracts.spec import PoolSpec
 
 from .gallery_core import GALLERY

@@ -16,8 +16,8 @@ import pytest
 
 from kvcache_core.conformance.behaviour import run_spec
 from kvcache_core.conformance.behaviour._report import end_in_assert
-from kvcache_core.conformance.model import Outcome
-from kvcache_core.conformance.render import render
+from kvcache_core.conformance.reporting.render import render
+from kvcache_core.conformance.results.model import Outcome
 
 from .gallery_core import GALLERY
 

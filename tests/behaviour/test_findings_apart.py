@@ -13,7 +13,7 @@ import pytest
 
 from kvcache_core.commands._output import finish
 from kvcache_core.conformance.behaviour import run_spec
-from kvcache_core.conformance.model import CheckResult
+from kvcache_core.conformance.results.model import CheckResult
 
 from .five_failures import FIVE_CHECKS, FIVE_FAILURES
 

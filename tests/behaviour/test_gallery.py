@@ -18,7 +18,7 @@ import pytest
 
 from kvcache_core import PoolSpec
 from kvcache_core.conformance.behaviour import BATTERY, run_spec, select_checks
-from kvcache_core.conformance.model import Outcome
+from kvcache_core.conformance.results.model import Outcome
 
 HERE = Path(__file__).resolve().parent
 

@@ -7,7 +7,7 @@ import threading
 
 from kvcache_core import PoolConfig, PoolSpec
 from kvcache_core.conformance.behaviour import run_spec, select_checks
-from kvcache_core.conformance.model import Outcome
+from kvcache_core.conformance.results.model import Outcome
 from kvcache_plugins.mha import MHATokenToKVPool
 from kvcache_plugins.mha import create as create_mha
 

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvcache_core.conformance.model import CheckResult, Finding
+from kvcache_core.conformance.results.model import CheckResult, Finding
 
 CORPUS = Path(__file__).resolve().parent.parent / "drift_corpus"
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from kvcache_core import cli
-from kvcache_core.commands import _output
-from kvcache_core.conformance.model import CheckResult
-from kvcache_core.conformance.resolve import resolve_targets
-from kvcache_core.conformance.sources import SourceIndex
-from kvcache_core.conformance.target import ClassTarget
+from kvcache_core.conformance.members.sources import SourceIndex
+from kvcache_core.conformance.reporting import report as _output
+from kvcache_core.conformance.results.model import CheckResult
+from kvcache_core.conformance.targets.resolve import resolve_targets
+from kvcache_core.conformance.targets.target import ClassTarget
 
 from ._corpus import CORPUS
 

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from kvcache_core.conformance.bodies import (
+from kvcache_core.conformance.members.bodies import (
     dropped_parameters,
     only_raises_not_implemented,
     raw_loc_uses,

@@ -11,7 +11,7 @@ import importlib
 import pytest
 
 from kvcache_core import discover
-from kvcache_core.conformance.model import Outcome
+from kvcache_core.conformance.results.model import Outcome
 
 RENAMED = """
 import types

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from kvcache_core.commands import _output
 from kvcache_core.conformance.behaviour.level import NO_SPEC
-from kvcache_core.conformance.model import Outcome
+from kvcache_core.conformance.reporting import report as _output
+from kvcache_core.conformance.results.model import Outcome
 from kvcache_core.discovery import discover
 
 from ._corpus import CORPUS
@@ -168,9 +168,16 @@ def test_unknown_name_lists_plugins_and_pools(run_cli):
 
 
 def test_types_level_runs_or_reports_that_it_cannot(run_cli, clean_file, monkeypatch):
+    import dataclasses
+
     from kvcache_core.conformance import runner
 
-    monkeypatch.setattr(runner, "_TYPES_MODULE", "kvcache_core.conformance.no_such_types_level")
+    missing = "kvcache_core.conformance.no_such_types_level"
+    levels = tuple(
+        dataclasses.replace(level, module=missing) if level.name == "types" else level
+        for level in runner.LEVELS
+    )
+    monkeypatch.setattr(runner, "LEVELS", levels)
     run = run_cli("check", str(clean_file), "--level", "types")
     assert run.code == 2
     (result,) = run.results

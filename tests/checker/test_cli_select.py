@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from kvcache_core.conformance.battery_ids import battery_ids
-from kvcache_core.conformance.model import Outcome
-from kvcache_core.conformance.selection import parse_selection
-from kvcache_core.conformance.usage import UsageError
+from kvcache_core.conformance.results.battery_ids import battery_ids
+from kvcache_core.conformance.results.model import Outcome
+from kvcache_core.conformance.results.selection import parse_selection
+from kvcache_core.conformance.results.usage import UsageError
 
 DRIFTED = """
 import torch

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvcache_core.conformance import contract_source, methods
-from kvcache_core.conformance.introspect import protocol_attributes, protocol_methods
-from kvcache_core.conformance.methods import PROTOCOL_ORDER, protocol_by_name
+from kvcache_core.conformance.members import contract_source, methods
+from kvcache_core.conformance.members.introspect import protocol_attributes, protocol_methods
+from kvcache_core.conformance.members.methods import PROTOCOL_ORDER, protocol_by_name
 from kvcache_core.contracts.history import VERSIONS
 
 

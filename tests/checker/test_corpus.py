@@ -7,7 +7,7 @@ import pytest
 
 from kvcache_core.conformance import signature as signature_level
 from kvcache_core.conformance import source as source_level
-from kvcache_core.conformance.model import Outcome
+from kvcache_core.conformance.results.model import Outcome
 
 from ._corpus import CORPUS, diff, expectations, reported
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvcache_core.conformance.model import Outcome
+from kvcache_core.conformance.results.model import Outcome
 from kvcache_core.conformance.source.drift import analyze
 
 from ._corpus import CORPUS, diff, expectations, reported
@@ -50,7 +50,7 @@ def test_root_limits_the_hierarchy():
 
 
 def test_root_must_exist():
-    from kvcache_core.conformance.resolve import UsageError
+    from kvcache_core.conformance.targets.resolve import UsageError
 
     with pytest.raises(UsageError, match="no class of that name"):
         analyze([str(TREE)], root="Nope")

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from kvcache_core.conformance.model import CheckResult
+from kvcache_core.conformance.members.sources import SourceIndex
+from kvcache_core.conformance.results.model import CheckResult
 from kvcache_core.conformance.source.drift import DEFAULT_METHODS, analyze, run_drift
-from kvcache_core.conformance.sources import SourceIndex
 
 from ._corpus import CORPUS
 from ._tree import PACKAGE, generate_tree

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from kvcache_core.conformance.merge import level_of, merge_levels
-from kvcache_core.conformance.model import CheckResult, Finding, Location, Outcome
-from kvcache_core.conformance.render._common import summarize
+from kvcache_core.conformance.reporting.render._common import summarize
+from kvcache_core.conformance.results.merge import level_of, merge_levels
+from kvcache_core.conformance.results.model import CheckResult, Finding, Location, Outcome
 
 
 def _finding(parameter: str | None = "mamba_indices", rule: str = "missing-parameter", **kw):

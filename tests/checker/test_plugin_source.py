@@ -17,16 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from kvcache_core.conformance.model import CheckResult
-from kvcache_core.conformance.plugin_source import (
+from kvcache_core.conformance.members.sources import SourceIndex
+from kvcache_core.conformance.results.model import CheckResult
+from kvcache_core.conformance.runner import run_levels
+from kvcache_core.conformance.targets.plugin_source import (
     CAPABILITY_COMPANION_NAMES,
     CAPABILITY_PROTOCOL_NAMES,
     static_specs,
 )
-from kvcache_core.conformance.plugins import plugin_targets, source_plugin_targets
-from kvcache_core.conformance.resolve import resolve_targets
-from kvcache_core.conformance.runner import run_levels
-from kvcache_core.conformance.sources import SourceIndex
+from kvcache_core.conformance.targets.plugins import plugin_targets, source_plugin_targets
+from kvcache_core.conformance.targets.resolve import resolve_targets
 from kvcache_core.plugin_loader import POOL_ENTRY_POINT_GROUP
 from kvcache_core.plugin_loader import entry_points as group_entry_points
 

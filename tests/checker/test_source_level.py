@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from kvcache_core.conformance import source as source_level
-from kvcache_core.conformance.model import Outcome
-from kvcache_core.conformance.resolve import resolve_targets
-from kvcache_core.conformance.sources import ClassSource, ExternalBase, SourceIndex
-from kvcache_core.conformance.target import ClassTarget
+from kvcache_core.conformance.members.sources import ClassSource, ExternalBase, SourceIndex
+from kvcache_core.conformance.results.model import Outcome
+from kvcache_core.conformance.targets.resolve import resolve_targets
+from kvcache_core.conformance.targets.target import ClassTarget
 
 from ._corpus import CORPUS
 
@@ -272,7 +272,7 @@ def test_contract_version_selects_history(tmp_path, version, expected):
     ],
 )
 def test_a_wider_or_undecidable_parameter_annotation_is_no_finding(contract, impl):
-    from kvcache_core.conformance.annotations import parameter_conflicts
+    from kvcache_core.conformance.members.annotations import parameter_conflicts
 
     assert parameter_conflicts(contract, impl) is False
 
@@ -288,7 +288,7 @@ def test_a_wider_or_undecidable_parameter_annotation_is_no_finding(contract, imp
     ],
 )
 def test_a_narrower_or_unrelated_parameter_annotation_conflicts(contract, impl):
-    from kvcache_core.conformance.annotations import parameter_conflicts
+    from kvcache_core.conformance.members.annotations import parameter_conflicts
 
     assert parameter_conflicts(contract, impl) is True
 
@@ -307,6 +307,6 @@ def test_a_narrower_or_unrelated_parameter_annotation_conflicts(contract, impl):
     ],
 )
 def test_return_annotations_may_only_narrow(contract, impl, conflicts):
-    from kvcache_core.conformance.annotations import return_conflicts
+    from kvcache_core.conformance.members.annotations import return_conflicts
 
     assert return_conflicts(contract, impl) is conflicts

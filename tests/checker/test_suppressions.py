@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from kvcache_core.conformance.model import CheckResult, Finding, Location, Outcome
-from kvcache_core.conformance.resolve import UsageError
-from kvcache_core.conformance.suppressions import (
+from kvcache_core.conformance.results.model import CheckResult, Finding, Location, Outcome
+from kvcache_core.conformance.results.suppressions import (
     Suppression,
     apply_suppressions,
     load_pyproject,
     scan_inline,
 )
+from kvcache_core.conformance.targets.resolve import UsageError
 
 DRIFTED = """
 import torch

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from kvcache_core.conformance.behaviour.level import NO_SPEC
-from kvcache_core.conformance.model import CheckResult, Finding, Location, Outcome
+from kvcache_core.conformance.results.model import CheckResult, Finding, Location, Outcome
 
 
 @pytest.fixture

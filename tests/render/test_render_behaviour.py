@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kvcache_core.conformance.model import CheckResult, Finding, Outcome
-from kvcache_core.conformance.render import render
+from kvcache_core.conformance.reporting.render import render
+from kvcache_core.conformance.results.model import CheckResult, Finding, Outcome
 
 REPRO = (
     "import torch\n"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvcache_core.conformance.model import CheckResult
-from kvcache_core.conformance.render import FORMATS, render
+from kvcache_core.conformance.reporting.render import FORMATS, render
+from kvcache_core.conformance.results.model import CheckResult
 
 
 def test_formats() -> None:

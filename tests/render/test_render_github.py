@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from kvcache_core.conformance.model import CheckResult, Finding, Location, Outcome
-from kvcache_core.conformance.render import render
-from kvcache_core.conformance.render.github import MAX_ANNOTATIONS
+from kvcache_core.conformance.reporting.render import render
+from kvcache_core.conformance.reporting.render.github import MAX_ANNOTATIONS
+from kvcache_core.conformance.results.model import CheckResult, Finding, Location, Outcome
 
 COMMAND = re.compile(r"^::(error|warning|notice)(?: ([^:]*))?::(.*)$")
 

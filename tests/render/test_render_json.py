@@ -8,8 +8,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from kvcache_core.conformance.model import CheckResult
-from kvcache_core.conformance.render import render
+from kvcache_core.conformance.reporting.render import render
+from kvcache_core.conformance.results.model import CheckResult
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "docs" / "checker-json-schema.json"
 

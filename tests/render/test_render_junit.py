@@ -5,8 +5,8 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 
 from kvcache_core.conformance.behaviour.level import NO_SPEC
-from kvcache_core.conformance.model import CheckResult
-from kvcache_core.conformance.render import render
+from kvcache_core.conformance.reporting.render import render
+from kvcache_core.conformance.results.model import CheckResult
 
 
 def _root(results: list[CheckResult]) -> ET.Element:

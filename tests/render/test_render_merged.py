@@ -9,9 +9,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from kvcache_core.conformance.merge import merge_levels
-from kvcache_core.conformance.model import CheckResult, Finding, Location, Outcome
-from kvcache_core.conformance.render import render
+from kvcache_core.conformance.reporting.render import render
+from kvcache_core.conformance.results.merge import merge_levels
+from kvcache_core.conformance.results.model import CheckResult, Finding, Location, Outcome
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "docs" / "checker-json-schema.json"
 LEVELS = ["source", "signature", "types"]

@@ -11,9 +11,9 @@ from typing import Any
 import jsonschema
 import pytest
 
-from kvcache_core.conformance.model import CheckResult
-from kvcache_core.conformance.render import render
-from kvcache_core.conformance.rules import RULES
+from kvcache_core.conformance.reporting.render import render
+from kvcache_core.conformance.results.model import CheckResult
+from kvcache_core.conformance.results.rules import RULES
 
 SUBSET = Path(__file__).resolve().parent / "sarif-2.1.0-subset.schema.json"
 

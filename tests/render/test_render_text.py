@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvcache_core.conformance.behaviour.level import NO_SPEC
-from kvcache_core.conformance.model import CheckResult
-from kvcache_core.conformance.render import render
+from kvcache_core.conformance.reporting.render import render
+from kvcache_core.conformance.results.model import CheckResult
 
 
 def test_grouped_by_target_in_order(results: list[CheckResult]) -> None:

@@ -4,6 +4,7 @@ backend promises beyond it: atomic directory writes, passwords never in URLs or 
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from pathlib import Path
@@ -179,3 +180,31 @@ def test_discovery_lists_the_builtin_stores() -> None:
     assert {"memory", "dir", "redis"} <= set(registry.names())
     assert registry.schemes()["rediss"] == "redis"
     assert os.environ.get("KVCACHE_STORES") is None or registry.skipped
+
+
+def test_a_cluster_mode_server_is_named_as_such(tmp_path: Path) -> None:
+    """A real redis-server in cluster mode (no slots served yet, as a node of a sharded service
+    would refuse keys it does not own): the store's error says the endpoint is sharded and what
+    to use instead, not only the server's bare reply."""
+    from kvcache_core.stores.local_redis import redis_server_path
+
+    if redis_server_path() is None:
+        if os.environ.get("CI"):
+            pytest.fail("redis-server is missing in CI: .ci/run should have installed it")
+        pytest.skip("redis-server is not installed")
+    # The cluster bus listens on its own port (by default the client port + 10000, which is
+    # past 65535 for a high free port): give it a free one.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        bus = s.getsockname()[1]
+    with LocalRedis(args=("--cluster-enabled", "yes", "--cluster-port", str(bus))) as node:
+        store = open_store(node.url)
+        try:
+            with pytest.raises(StoreError, match="cluster mode") as info:
+                store.put("k", b"v")
+            assert "CLUSTERDOWN" in str(info.value) or "ClusterDownError" in str(info.value)
+            assert "primary endpoint with cluster mode disabled" in str(info.value)
+            with pytest.raises(StoreError, match="cluster mode"):
+                store.get("k")
+        finally:
+            store.close()

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import kvcache_plugins
-from kvcache_core.conformance.model import Outcome
-from kvcache_core.conformance.plugins import plugin_targets
-from kvcache_core.conformance.target import ClassTarget
+from kvcache_core.conformance.results.model import Outcome
+from kvcache_core.conformance.targets.plugins import plugin_targets
+from kvcache_core.conformance.targets.target import ClassTarget
 from kvcache_core.conformance.types import level as types_level
 
 PLUGINS = Path(kvcache_plugins.__file__).resolve().parent

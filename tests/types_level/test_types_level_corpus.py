@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kvcache_core.conformance.model import CheckResult, Finding, Outcome
-from kvcache_core.conformance.target import ClassTarget
+from kvcache_core.conformance.results.model import CheckResult, Finding, Outcome
+from kvcache_core.conformance.targets.target import ClassTarget
 from kvcache_core.conformance.types import level as types_level
 
 CORPUS = Path(__file__).resolve().parent.parent / "types_corpus"

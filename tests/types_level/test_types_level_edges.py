@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kvcache_core.conformance.model import Outcome
-from kvcache_core.conformance.target import ClassTarget
+from kvcache_core.conformance.results.model import Outcome
+from kvcache_core.conformance.targets.target import ClassTarget
 from kvcache_core.conformance.types import _mypy as _mypy_run
 from kvcache_core.conformance.types import level as types_level
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvcache_core.conformance.model import Finding, Location
+from kvcache_core.conformance.results.model import Finding, Location
 from kvcache_core.conformance.types._contract import contract_member
 from kvcache_core.conformance.types._findings import member_finding, signature_from_note
 from kvcache_core.conformance.types._mypy import _parse

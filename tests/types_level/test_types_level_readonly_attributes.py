@@ -10,8 +10,8 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from kvcache_core.conformance.model import Outcome
-from kvcache_core.conformance.target import ClassTarget
+from kvcache_core.conformance.results.model import Outcome
+from kvcache_core.conformance.targets.target import ClassTarget
 from kvcache_core.conformance.types import level as types_level
 
 SOURCE = '''

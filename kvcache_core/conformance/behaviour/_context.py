@@ -160,6 +160,6 @@ def factory_source(spec: PoolSpec) -> list[str]:
     ):
         return [f"from {module_name} import {qualname} as factory"]
     return [
-        "from kvcache_core.conformance.plugins import installed_spec",
+        "from kvcache_core.conformance.targets.plugins import installed_spec",
         f"factory = installed_spec({spec.name!r}).factory",
     ]

@@ -18,7 +18,7 @@ import inspect
 import textwrap
 
 from ...contracts.spec import PoolSpec
-from ..model import Location
+from ..results.model import Location
 from ._check import BehaviourCheck
 
 __all__ = ["end_in_assert", "subject_location"]

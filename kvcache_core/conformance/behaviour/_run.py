@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Iterable, Mapping
 
 from ...contracts.spec import PoolSpec
-from ..model import CheckResult, Finding, Outcome
+from ..results.model import CheckResult, Finding, Outcome
 from ._check import BATTERY, BehaviourCheck, BehaviourFailure
 from ._context import DEFAULT_TIMEOUT_S, CheckContext, config_source, default_config
 from ._report import end_in_assert, subject_location
@@ -71,7 +71,7 @@ def _rerun(check: BehaviourCheck, spec: PoolSpec) -> str:
             "import torch",
             "from kvcache_core import PoolConfig",
             "from kvcache_core.conformance.behaviour import BATTERY, CheckContext, select_checks",
-            "from kvcache_core.conformance.plugins import installed_spec",
+            "from kvcache_core.conformance.targets.plugins import installed_spec",
             "",
             f"spec = installed_spec({spec.name!r})  # as the plugin declares it, even if rejected",
             "select_checks(spec)  # registers the battery",

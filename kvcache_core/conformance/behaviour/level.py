@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from ...contracts.spec import PoolSpec
-from ..model import CheckResult, Outcome
-from ..plugins import plugin_specs
-from ..target import ClassTarget
+from ..results.model import CheckResult, Outcome
+from ..targets.plugins import plugin_specs
+from ..targets.target import ClassTarget
 from ._context import DEFAULT_TIMEOUT_S
 from ._run import run_spec
 
-__all__ = ["NO_SPEC", "run"]
+if TYPE_CHECKING:
+    from ..runner import LevelOptions
+
+__all__ = ["NO_SPEC", "run", "run_level"]
 
 NO_SPEC = (
     "needs an installed plugin's PoolSpec (the battery builds pools through the plugin's "
@@ -87,3 +91,14 @@ def run(
             ran[0].extra["pool_seconds"] = took
         results += ran
     return results
+
+
+def run_level(targets: Sequence[ClassTarget], options: LevelOptions) -> list[CheckResult]:
+    """The runner's entry: the project's expected failures, the progress line and the checks
+    ``--select``/``--deselect`` leave."""
+    return run(
+        targets,
+        expected_failures=options.expected_by_pool(),
+        progress=options.progress,
+        only=options.behaviour_checks,
+    )

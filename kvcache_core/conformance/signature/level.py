@@ -20,11 +20,12 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from types import CodeType
+from typing import TYPE_CHECKING
 
 from ...contracts.history import CONTRACT_VERSION
-from ...contracts.signature import MethodSig, sig_from_callable
+from ...contracts.signature import MethodSig
 from ...plugin_loader import summarise_exception
-from ..methods import (
+from ..members.methods import (
     body_findings,
     body_may_find,
     contract_methods,
@@ -34,11 +35,15 @@ from ..methods import (
     protocol_by_name,
     split_by_protocol,
 )
-from ..model import CheckResult, Finding, Location, Outcome
-from ..sources import module_name_for
-from ..target import ClassTarget
+from ..members.signatures import sig_from_callable
+from ..members.sources import module_name_for
+from ..results.model import CheckResult, Finding, Location, Outcome
+from ..targets.target import ClassTarget
 
-__all__ = ["LEVEL", "class_location", "import_target", "run", "signature_findings"]
+if TYPE_CHECKING:
+    from ..runner import LevelOptions
+
+__all__ = ["LEVEL", "class_location", "import_target", "run", "run_level", "signature_findings"]
 
 LEVEL = "signature"
 
@@ -372,3 +377,8 @@ def run(
 
 def _renamed(finding: Finding, target: str) -> Finding:
     return finding if finding.target == target else replace(finding, target=target)
+
+
+def run_level(targets: Sequence[ClassTarget], options: LevelOptions) -> list[CheckResult]:
+    """The runner's entry: this level needs only the contract version."""
+    return run(targets, contract_version=options.contract_version)

@@ -24,11 +24,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ...contracts.signature import MethodSig, ParamKind, sig_from_ast
-from ..compare import compare_signatures
-from ..methods import outcome_for
-from ..model import CheckResult, Finding, Location, unparsable_file
-from ..sources import (
+from ...contracts.signature import MethodSig, ParamKind
+from ..members.compare import compare_signatures
+from ..members.methods import outcome_for
+from ..members.signatures import sig_from_ast
+from ..members.sources import (
     ClassSource,
     ExternalBase,
     ModuleSource,
@@ -36,7 +36,8 @@ from ..sources import (
     module_name_for,
     python_files,
 )
-from ..usage import UsageError
+from ..results.model import CheckResult, Finding, Location, unparsable_file
+from ..results.usage import UsageError
 
 __all__ = ["DEFAULT_METHODS", "DRIFT_RULES", "DriftRun", "analyze", "run_drift"]
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from ...contracts.history import CONTRACT_VERSION
-from ...contracts.signature import sig_from_ast
-from ..methods import (
+from ..members.methods import (
     attribute_finding,
     contract_attributes,
     contract_methods,
@@ -22,11 +22,15 @@ from ..methods import (
     outcome_for,
     split_by_protocol,
 )
-from ..model import CheckResult, Finding, Location, Outcome
-from ..sources import ClassSource, ExternalBase, SourceIndex
-from ..target import ClassTarget
+from ..members.signatures import sig_from_ast
+from ..members.sources import ClassSource, ExternalBase, SourceIndex
+from ..results.model import CheckResult, Finding, Location, Outcome
+from ..targets.target import ClassTarget
 
-__all__ = ["LEVEL", "check_class", "outcome_for", "run"]
+if TYPE_CHECKING:
+    from ..runner import LevelOptions
+
+__all__ = ["LEVEL", "check_class", "outcome_for", "run", "run_level"]
 
 LEVEL = "source"
 
@@ -205,3 +209,8 @@ def run(
             )
             started = now
     return results
+
+
+def run_level(targets: Sequence[ClassTarget], options: LevelOptions) -> list[CheckResult]:
+    """The runner's entry: the contract version and the run's shared source index."""
+    return run(targets, contract_version=options.contract_version, index=options.index)

@@ -19,7 +19,8 @@ from functools import cache
 from types import ModuleType
 
 from ...contracts.history import CONTRACT_VERSION, VERSIONS
-from ...contracts.signature import MethodSig, sig_from_ast
+from ...contracts.signature import MethodSig
+from ..members.signatures import sig_from_ast
 
 __all__ = ["ContractMember", "contract_member"]
 

@@ -15,11 +15,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import replace
 
-from ...contracts.signature import MethodSig, sig_from_ast
-from ..compare import compare_signatures
-from ..model import Finding, Location
-from ..rules import RULES
-from ..versions import change_note
+from ...contracts.signature import MethodSig
+from ..members.compare import compare_signatures
+from ..members.signatures import sig_from_ast
+from ..members.versions import change_note
+from ..results.model import Finding, Location
+from ..results.rules import RULES
 from ._contract import ContractMember
 
 __all__ = ["member_finding", "signature_from_note"]

@@ -11,9 +11,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from ...contracts.signature import MethodSig, sig_from_ast
-from ..model import Location
-from ..sources import ClassSource, SourceIndex
+from ...contracts.signature import MethodSig
+from ..members.signatures import sig_from_ast
+from ..members.sources import ClassSource, SourceIndex
+from ..results.model import Location
 
 __all__ = ["impl_location", "impl_signature"]
 

@@ -15,19 +15,23 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ...contracts.history import CONTRACT_VERSION
-from ..methods import protocol_by_name, split_by_protocol
-from ..model import CheckResult, Finding, Location, Outcome
-from ..sources import SourceIndex, module_name_for
-from ..target import ClassTarget
+from ..members.methods import protocol_by_name, split_by_protocol
+from ..members.sources import SourceIndex, module_name_for
+from ..results.model import CheckResult, Finding, Location, Outcome
+from ..targets.target import ClassTarget
 from ._contract import ContractMember, contract_member
 from ._findings import member_finding
 from ._gen import MODULE_NAME, Generated, Role, TargetPlan, generate
 from ._locate import impl_location, impl_signature
 from ._mypy import MypyMessage, MypyRun, default_cache_dir, find_stubs_dir, link_roots, run_mypy
 
-__all__ = ["LEVEL", "run"]
+if TYPE_CHECKING:
+    from ..runner import LevelOptions
+
+__all__ = ["LEVEL", "run", "run_level"]
 
 LEVEL = "types"
 
@@ -346,3 +350,8 @@ def run(
             version=contract_version,
         )
     return results
+
+
+def run_level(targets: Sequence[ClassTarget], options: LevelOptions) -> list[CheckResult]:
+    """The runner's entry: this level needs only the contract version."""
+    return run(targets, contract_version=options.contract_version)

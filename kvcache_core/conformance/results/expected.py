@@ -31,7 +31,7 @@ from .suppressions import read_tool_section
 from .usage import UsageError
 
 if TYPE_CHECKING:
-    from ..contracts.spec import PoolSpec
+    from ...contracts.spec import PoolSpec
 
 __all__ = [
     "SECTION",
@@ -135,7 +135,7 @@ def expected_failures_for(
 
 
 def _check_ids(spec: PoolSpec, entries: Iterable[ExpectedFailure]) -> None:
-    from .behaviour import BATTERY, select_checks
+    from ..behaviour import BATTERY, select_checks
 
     applicable = {c.id for c in select_checks(spec)}  # also registers the battery
     for entry in entries:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import ast
 from functools import lru_cache
 
-from ..contracts.signature import normalize_annotation
+from .signatures import normalize_annotation
 
 __all__ = ["parameter_conflicts", "return_conflicts"]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 __all__ = ["battery_ids"]
 
-_CHECKS = Path(__file__).resolve().parent / "behaviour" / "checks"
+_CHECKS = Path(__file__).resolve().parent.parent / "behaviour" / "checks"
 
 
 def _decorated_ids(tree: ast.Module) -> list[str]:

@@ -20,15 +20,15 @@ from collections.abc import Sequence
 from importlib import metadata
 from typing import TYPE_CHECKING
 
-from ..plugin_loader import POOL_ENTRY_POINT_GROUP, describe_value, entry_points, load_plugins
+from ...plugin_loader import POOL_ENTRY_POINT_GROUP, describe_value, entry_points, load_plugins
+from ..members.sources import SourceIndex
+from ..results.model import CheckResult, Finding, Outcome
 from . import plugin_source
-from .model import CheckResult, Finding, Outcome
 from .plugin_source import select_plugin_targets, static_spec_targets
-from .sources import SourceIndex
 from .target import ClassTarget
 
 if TYPE_CHECKING:  # the contract imports torch: only the import path needs it
-    from ..contracts.spec import PoolSpec
+    from ...contracts.spec import PoolSpec
 
 __all__ = [
     "entry_point_names",
@@ -55,7 +55,7 @@ def spec_shape_problem(spec: object) -> str | None:
     """Why ``spec`` cannot even be validated (not a spec, unknown contract, no classes), or
     None. Discovery rejects such a spec; the checker's loader reports it as a load error with
     this same reason (one check, so the two never disagree on what is junk)."""
-    from ..contracts.spec import CONTRACT_VERSION, PoolSpec
+    from ...contracts.spec import CONTRACT_VERSION, PoolSpec
 
     if isinstance(spec, type):
         if issubclass(spec, PoolSpec):
@@ -110,7 +110,7 @@ def _class_target(cls: type, protocols: list[str], plugin: str, pool: str) -> Cl
 
 def spec_targets(spec: PoolSpec, plugin: str) -> list[ClassTarget]:
     """The pool class and the allocator class of ``spec``, with the Protocols it declares."""
-    from ..contracts.spec import declared_protocols
+    from ...contracts.spec import declared_protocols
 
     protocols = declared_protocols(spec.capabilities)
     pool = [proto.__name__ for proto in protocols["pool"]]
@@ -123,7 +123,7 @@ def spec_targets(spec: PoolSpec, plugin: str) -> list[ClassTarget]:
 
 def _load_specs(ep: metadata.EntryPoint) -> tuple[list[PoolSpec], list[CheckResult]]:
     """Import one entry point and call its hook alone: its specs, and load errors."""
-    from ..contracts.spec import PoolSpec
+    from ...contracts.spec import PoolSpec
 
     loads = load_plugins([ep], hook="kvcache_pool_specs", bare=PoolSpec)
     if loads.rejected:

@@ -12,7 +12,7 @@ import re
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 
-from ..model import CheckResult, Finding, Outcome
+from ...results.model import CheckResult, Finding, Outcome
 from ._common import by_target, location_text
 
 __all__ = ["render"]

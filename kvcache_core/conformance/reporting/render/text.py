@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..model import CheckResult, Finding, Outcome
+from ...results.model import CheckResult, Finding, Outcome
 from ._common import by_target, location_text, summarize
 
 __all__ = ["render"]

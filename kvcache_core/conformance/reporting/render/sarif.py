@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import quote
 
-from ..model import CheckResult, Finding, Location, Outcome
-from ..rules import RULES, Severity
+from ...results.model import CheckResult, Finding, Location, Outcome
+from ...results.rules import RULES, Severity
 from ._common import tool_version
 
 __all__ = ["SARIF_SCHEMA", "render", "to_log"]

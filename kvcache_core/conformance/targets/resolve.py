@@ -23,12 +23,12 @@ import os
 from collections.abc import Sequence
 from dataclasses import replace
 
-from .infer import infer_protocols
-from .methods import PROTOCOL_ORDER
-from .model import CheckResult, unparsable_file
-from .sources import ClassSource, SourceIndex, module_name_for, python_files
+from ..members.infer import infer_protocols
+from ..members.methods import PROTOCOL_ORDER
+from ..members.sources import ClassSource, SourceIndex, module_name_for, python_files
+from ..results.model import CheckResult, unparsable_file
+from ..results.usage import UsageError
 from .target import ClassTarget
-from .usage import UsageError
 
 __all__ = ["UsageError", "is_path", "parse_protocols", "resolve_targets"]
 

@@ -12,8 +12,9 @@ parameter of its own) was not written against it, and saying so would mislead th
 
 from __future__ import annotations
 
-from ..contracts.history import VERSIONS
-from ..contracts.signature import MethodSig, Param, normalize_annotation
+from ...contracts.history import VERSIONS
+from ...contracts.signature import MethodSig, Param
+from .signatures import normalize_annotation
 
 __all__ = ["change_note", "matches_exactly"]
 

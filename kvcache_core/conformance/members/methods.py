@@ -13,8 +13,9 @@ import re
 from collections.abc import Collection, Sequence
 from functools import cache
 
-from ..contracts.history import CONTRACT_VERSION, VERSIONS
-from ..contracts.signature import MethodSig
+from ...contracts.history import CONTRACT_VERSION, VERSIONS
+from ...contracts.signature import MethodSig
+from ..results.model import Finding, Location, Outcome
 from .bodies import dropped_parameters, only_raises_not_implemented, raw_loc_uses
 from .compare import compare_signatures
 from .contract_source import (
@@ -23,7 +24,6 @@ from .contract_source import (
     source_protocol_methods,
 )
 from .introspect import protocol_attributes, protocol_methods
-from .model import Finding, Location, Outcome
 from .versions import change_note
 
 __all__ = [
@@ -67,7 +67,7 @@ def outcome_for(findings: Sequence[Finding]) -> Outcome:
 
 def protocol_by_name(name: str) -> type:
     """The contract Protocol called ``name`` (raises ``KeyError`` listing the valid names)."""
-    from .. import contracts
+    from ... import contracts
 
     if name not in PROTOCOL_ORDER:
         raise KeyError(f"unknown protocol {name!r}; known: {', '.join(PROTOCOL_ORDER)}")

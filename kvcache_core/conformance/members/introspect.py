@@ -7,7 +7,8 @@ from functools import cache
 
 from typing_extensions import get_protocol_members
 
-from ..contracts.signature import MethodSig, sig_from_callable
+from ...contracts.signature import MethodSig
+from .signatures import sig_from_callable
 
 __all__ = ["protocol_attributes", "protocol_methods"]
 

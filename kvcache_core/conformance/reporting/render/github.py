@@ -14,8 +14,8 @@ import os
 from collections import Counter
 from collections.abc import Sequence
 
-from ..model import CheckResult, Finding, Outcome
-from ..rules import Severity
+from ...results.model import CheckResult, Finding, Outcome
+from ...results.rules import Severity
 from ._common import display_path, findings_of, location_text, summarize
 
 __all__ = ["MAX_ANNOTATIONS", "render"]

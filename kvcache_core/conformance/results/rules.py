@@ -96,6 +96,7 @@ _ALL = [
         Severity.WARNING,
         "a base class could not be found without importing it; inherited members are unchecked",
     ),
+    Rule("store-check-failed", Severity.ERROR, "a snapshot store failed a store-battery check"),
 ]
 
 RULES: dict[str, Rule] = {r.id: r for r in _ALL}

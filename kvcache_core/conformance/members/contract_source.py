@@ -16,8 +16,9 @@ import os
 import re
 from functools import cache
 
-from ..contracts.signature import MethodSig, sig_from_ast
-from .model import Location
+from ...contracts.signature import MethodSig
+from ..results.model import Location
+from .signatures import sig_from_ast
 from .sources import ClassSource, SourceIndex
 
 __all__ = [
@@ -32,7 +33,8 @@ _FILES = ("pool.py", "allocator.py")
 
 @cache
 def _protocols() -> tuple[SourceIndex, dict[str, ClassSource]]:
-    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "contracts")
+    core = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    folder = os.path.join(core, "contracts")  # kvcache_core/contracts, read, never imported
     index = SourceIndex()
     classes: dict[str, ClassSource] = {}
     for name in _FILES:

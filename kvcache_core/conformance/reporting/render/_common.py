@@ -7,8 +7,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..model import CheckResult, Finding, Location, Outcome
-from ..rules import Severity
+from ...results.model import CheckResult, Finding, Location, Outcome
+from ...results.rules import Severity
 
 __all__ = [
     "SEVERITY_ORDER",
@@ -25,7 +25,7 @@ SEVERITY_ORDER = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.NOTE: 2}
 
 
 def tool_version() -> str:
-    from ... import __version__
+    from .... import __version__
 
     return __version__
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ..model import CheckResult
+from ...results.model import CheckResult
+from ..report import FORMATS
 from . import github, jsonout, junit, sarif, text
 
 __all__ = ["FORMATS", "render"]
@@ -19,9 +20,6 @@ _RENDERERS: dict[str, Callable[[Sequence[CheckResult]], str]] = {
     "sarif": sarif.render,
     "github": github.render,
 }
-
-#: The formats ``render`` accepts, in the order the CLI lists them.
-FORMATS: tuple[str, ...] = tuple(_RENDERERS)
 
 
 def render(results: Sequence[CheckResult], fmt: str) -> str:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..contracts.signature import MethodSig, Param, ParamKind
+from ...contracts.signature import MethodSig, Param, ParamKind
+from ..results.model import Finding, Location
 from .annotations import parameter_conflicts, return_conflicts
-from .model import Finding, Location
 
 __all__ = ["compare_signatures"]
 

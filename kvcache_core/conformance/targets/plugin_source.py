@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from types import MappingProxyType
 
-from .model import CheckResult
-from .sources import ClassSource, ModuleSource, SourceIndex, flatten_statements
+from ..members.sources import ClassSource, ModuleSource, SourceIndex, flatten_statements
+from ..results.model import CheckResult
 from .target import ClassTarget
 
 __all__ = [

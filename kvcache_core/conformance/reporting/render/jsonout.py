@@ -10,7 +10,7 @@ import json
 import math
 from collections.abc import Sequence
 
-from ..model import CheckResult, Finding, Location
+from ...results.model import CheckResult, Finding, Location
 from ._common import summarize, tool_version
 
 __all__ = ["SCHEMA_VERSION", "finding_to_json", "render", "to_document"]
