@@ -15,7 +15,7 @@ Figures (issue 9, part 3), each the median of interleaved runs in this process:
   ``alloc_decode`` of 64 requests at page size 16 against the code before issue 18
   (:func:`_decode_before_issue_18`, kept here as the baseline), target >= 2x.
 - Host syncs per ``alloc`` and ``free`` call of every allocator, and per settle, counted with
-  the CUDA-free proxy the tests use (:mod:`kvcache_core._host_syncs`).
+  the CUDA-free proxy the tests use (``tests/allocators/_host_syncs.py``).
 """
 
 from __future__ import annotations
@@ -536,7 +536,7 @@ def _on_device(*sides: Any) -> None:
     """Host allocators made to behave as on an accelerator: a settle copies its queue to the
     host once (instead of reading the ids in place, which the proxy would count), and the
     slots they hand out are device data (so a composite that reads them back is counted)."""
-    from kvcache_core._host_syncs import as_device
+    as_device = _host_syncs().as_device
 
     def on_device(method: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -555,7 +555,8 @@ def _on_device(*sides: Any) -> None:
 def _sync_rows() -> list[tuple[str, Callable[[], Any], Callable[[Any], Any]]]:
     """(label, build, alloc one request) for every allocator in the table."""
     from kvcache_core import PagedSlotAllocator
-    from kvcache_core._host_syncs import as_device
+
+    as_device = _host_syncs().as_device
     from kvcache_plugins.mha import MHATokenToKVPool
 
     def plain(page_size: int) -> Any:
@@ -607,11 +608,24 @@ def _sync_rows() -> list[tuple[str, Callable[[], Any], Callable[[Any], Any]]]:
     ]
 
 
+def _host_syncs() -> Any:
+    """The tests' host-sync counter (``tests/allocators/_host_syncs.py``): a test helper, so
+    it is imported from the checkout, which goes on ``sys.path`` for it."""
+    import importlib
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parent.parent)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    return importlib.import_module("tests.allocators._host_syncs")
+
+
 def bench_host_syncs() -> None:
     """Host syncs per call, counted with the tests' CUDA-free proxy: ids (and the allocators'
     device tables) are CPU data standing for device data, recording every read to the host."""
     calls = 8
-    print("== host syncs per call (CUDA-free proxy, kvcache_core._host_syncs; target: free 0)")
+    print("== host syncs per call (CUDA-free proxy, tests/allocators/_host_syncs; target: free 0)")
     print(f"  {'allocator':<30} {'alloc':>6} {'free':>6}   settle of {calls} queued frees")
     for label, build, take in _sync_rows():
         alloc_syncs, free_syncs, settle = _sync_row(build, take, calls)
@@ -624,7 +638,7 @@ def _sync_row(
 ) -> tuple[int, int, str]:
     """(syncs of one alloc, most syncs of one free, syncs of the settle after ``calls``
     frees, or why there is none)."""
-    from kvcache_core._host_syncs import as_device, count_host_syncs
+    as_device, count_host_syncs = _host_syncs().as_device, _host_syncs().count_host_syncs
 
     alloc = build()
     held = [take(alloc) for _ in range(calls)]

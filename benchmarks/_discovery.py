@@ -12,10 +12,11 @@ _COLD = {
     "discover": "from kvcache_core import discover\nt = time.perf_counter()\ndiscover()\n",
     "pluggy": (
         "from kvcache_core import hookspecs as h\n"
+        "from kvcache_core.plugin_loader import POOL_ENTRY_POINT_GROUP\n"
         "t = time.perf_counter()\n"
         "pm = pluggy.PluginManager(h.PROJECT_NAME)\n"
         "pm.add_hookspecs(h)\n"
-        "pm.load_setuptools_entrypoints(h.ENTRY_POINT_GROUP)\n"
+        "pm.load_setuptools_entrypoints(POOL_ENTRY_POINT_GROUP)\n"
         "pm.hook.kvcache_pool_specs()\n"
     ),
 }

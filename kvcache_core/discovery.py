@@ -16,24 +16,28 @@ from __future__ import annotations
 
 import inspect
 import os
-import traceback
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from importlib import metadata
 from types import ModuleType
 from typing import Any
 
-import pluggy
-
-from . import hookspecs
 from .conformance.members.methods import BODY_RULES, contract_methods
 from .conformance.results.model import Finding, Location
 from .conformance.results.rules import Severity
 from .conformance.signature.level import signature_findings
+from .conformance.targets.plugins import spec_shape_problem
 from .contracts.pool import KVPool
-from .contracts.spec import CONTRACT_VERSION, PoolConfig, PoolSpec, declared_protocols
+from .contracts.spec import PoolConfig, PoolSpec, declared_protocols
 from .errors import PluginRejectedError, UnknownPoolError
+from .plugin_loader import (
+    POOL_ENTRY_POINT_GROUP,
+    PluginInfo,
+    entry_points,
+    load_plugins,
+    names_from_env,
+    summarise_exception,
+)
 
 __all__ = [
     "AcceptedPool",
@@ -41,7 +45,6 @@ __all__ = [
     "Registry",
     "Rejection",
     "discover",
-    "load_plugin_specs",
     "spec_shape_problem",
     "validate_spec",
 ]
@@ -49,20 +52,6 @@ __all__ = [
 ENV_ALLOW = "KVCACHE_PLUGINS"
 ENV_DENY = "KVCACHE_DISABLE_PLUGINS"
 ENV_NO_AUTOLOAD = "KVCACHE_DISABLE_PLUGIN_AUTOLOAD"
-
-
-@dataclass(frozen=True)
-class PluginInfo:
-    """One entry point: its name, what it points at, and the distribution that ships it."""
-
-    name: str
-    value: str
-    distribution: str | None = None
-    version: str | None = None
-
-    def __str__(self) -> str:
-        dist = f"{self.distribution} {self.version}" if self.distribution else "no distribution"
-        return f"{self.name} ({dist})"
 
 
 @dataclass(frozen=True)
@@ -190,54 +179,6 @@ class Registry:
         return pool, allocator
 
 
-def _names_from_env(var: str) -> set[str] | None:
-    raw = os.environ.get(var)
-    if raw is None:
-        return None
-    return {n.strip() for n in raw.split(",") if n.strip()}
-
-
-def _summarise(exc: BaseException) -> str:
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-    return f"{type(exc).__name__}: {exc}{where}"
-
-
-def _describe(value: object) -> str:
-    """``int 5``, ``NoneType None``: a value's type and a short repr, for a reason."""
-    text = repr(value)
-    if len(text) > 60:
-        text = text[:57] + "..."
-    return f"{type(value).__name__} {text}"
-
-
-def spec_shape_problem(spec: object) -> str | None:
-    """Why ``spec`` cannot even be validated (not a spec, unknown contract, no classes), or
-    None. Discovery rejects such a spec; ``kvcache check``'s loader reports it as a load
-    error with this same reason (one check, so the two never disagree on what is junk)."""
-    if isinstance(spec, type):
-        if issubclass(spec, PoolSpec):
-            return "hook returned the class PoolSpec, not a PoolSpec: call it, PoolSpec(name=...)"
-        return f"hook returned the class {spec.__qualname__}, expected a PoolSpec instance"
-    if not isinstance(spec, PoolSpec):
-        return f"hook returned {_describe(spec)}, expected PoolSpec"
-    version = spec.contract_version
-    if not isinstance(version, int) or isinstance(version, bool):
-        return f"contract_version must be an int, got {_describe(version)}"
-    if version > CONTRACT_VERSION:
-        return (
-            f"built for contract {version}; this kvcache knows up to {CONTRACT_VERSION}: "
-            "upgrade kvcache"
-        )
-    if version < 1:
-        return f"built for contract {version}, which does not exist (contracts start at 1)"
-    for role in ("pool_class", "allocator_class"):
-        cls = getattr(spec, role)
-        if not isinstance(cls, type):
-            return f"{role} is {_describe(cls)}, not a class"
-    return None
-
-
 def _class_checks(spec: PoolSpec) -> list[tuple[type, type, set[str]]]:
     """(class, Protocol, methods) to check for ``spec``: each method of each class once."""
     classes = {"pool": spec.pool_class, "allocator": spec.allocator_class}
@@ -276,7 +217,7 @@ def validate_spec(spec: object) -> tuple[Finding, ...] | str:
             )
         return tuple(findings)
     except Exception as exc:  # a class odd enough to break the comparison rejects its spec only
-        return f"validating the spec raised {_summarise(exc)}"
+        return f"validating the spec raised {summarise_exception(exc)}"
 
 
 def _class_name(cls: type) -> str:
@@ -306,7 +247,7 @@ def _source_findings(spec: PoolSpec) -> tuple[Finding, ...]:
         try:
             found = signature_findings(cls, proto, methods=methods, body_checks=True, unread=unread)
         except Exception as exc:
-            note(cls, f"{cls.__qualname__}: {_summarise(exc)}")
+            note(cls, f"{cls.__qualname__}: {summarise_exception(exc)}")
             continue
         warnings += [replace(f, severity=Severity.WARNING) for f in found if f.rule in BODY_RULES]
         for why in unread:
@@ -322,48 +263,6 @@ def _where(cls: type) -> Location | None:
     return Location(path) if path else None
 
 
-def load_plugin_specs(
-    pm: pluggy.PluginManager, info: PluginInfo, obj: object
-) -> tuple[list[object], str | None]:
-    """Register one plugin object and call its hook alone; return its specs or a reason.
-
-    Never raises (``KeyboardInterrupt`` aside): whatever a plugin does, even ``sys.exit()``,
-    rejects that plugin only.
-    """
-    try:
-        pm.register(obj, name=info.name)
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:  # pluggy's validation of the hookimpl, or a bad object
-        return [], f"could not register with pluggy: {_summarise(exc)}"
-    impls = [i for i in pm.hook.kvcache_pool_specs.get_hookimpls() if i.plugin_name == info.name]
-    if not impls:
-        if callable(getattr(obj, "kvcache_pool_specs", None)):
-            return [], "defines kvcache_pool_specs() without the @hookimpl marker"
-        return [], "implements no kvcache_pool_specs() hook"
-    specs: list[object] = []
-    for impl in impls:
-        try:
-            result = impl.function()
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:
-            return [], f"kvcache_pool_specs() raised {_summarise(exc)}"
-        if isinstance(result, PoolSpec):
-            return [], (
-                f"kvcache_pool_specs() returned a bare PoolSpec ({result.name!r}), expected a "
-                "list of PoolSpec: return [spec]"
-            )
-        if not isinstance(result, (list, tuple)):
-            return [], f"kvcache_pool_specs() returned {_describe(result)}, expected a list"
-        specs.extend(result)
-    return specs, None
-
-
-def _entry_points(group: str) -> Iterable[metadata.EntryPoint]:
-    return metadata.entry_points(group=group)
-
-
 def discover(
     *,
     strict: bool = False,
@@ -371,7 +270,7 @@ def discover(
     deny: Sequence[str] | None = None,
     autoload: bool | None = None,
     plugins: Sequence[ModuleType | object] = (),
-    group: str = hookspecs.ENTRY_POINT_GROUP,
+    group: str = POOL_ENTRY_POINT_GROUP,
 ) -> Registry:
     """Load, validate and register every kvcache pool plugin: what an engine calls at start-up.
 
@@ -393,44 +292,28 @@ def discover(
     :returns: The [`Registry`][kvcache_core.Registry].
     :raises PluginRejectedError: With ``strict``, listing every rejection.
     """
-    allowed = set(allow) if allow is not None else _names_from_env(ENV_ALLOW)
-    denied = set(deny) if deny is not None else (_names_from_env(ENV_DENY) or set())
+    allowed = set(allow) if allow is not None else names_from_env(ENV_ALLOW)
+    denied = set(deny) if deny is not None else (names_from_env(ENV_DENY) or set())
     if autoload is None:
         autoload = os.environ.get(ENV_NO_AUTOLOAD, "") not in ("1", "true", "yes")
 
-    registry = Registry()
-    pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
-    pm.add_hookspecs(hookspecs)
-    candidates: list[tuple[PluginInfo, object]] = []
+    def skip(name: str) -> str | None:
+        if name in denied:
+            return "disabled by deny list"
+        if allowed is not None and name not in allowed:
+            return "not in allow list"
+        if not autoload and (allowed is None or name not in allowed):
+            return "autoload disabled"
+        return None
 
-    dists: dict[object, tuple[str, str] | None] = {}  # one METADATA parse per distribution
-    for ep in _entry_points(group):
-        info = PluginInfo(ep.name, ep.value, *(_owner(ep, dists) or (None, None)))
-        if ep.name in denied:
-            registry.skipped.append((info, "disabled by deny list"))
-            continue
-        if allowed is not None and ep.name not in allowed:
-            registry.skipped.append((info, "not in allow list"))
-            continue
-        if not autoload and (allowed is None or ep.name not in allowed):
-            registry.skipped.append((info, "autoload disabled"))
-            continue
-        try:
-            candidates.append((info, ep.load()))
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:  # a plugin's import may raise anything, even SystemExit
-            registry.rejected.append(Rejection(info, f"import failed: {_summarise(exc)}"))
-    for obj in plugins:
-        name = getattr(obj, "__name__", type(obj).__name__)
-        candidates.append((PluginInfo(name, name), obj))
+    loads = load_plugins(
+        entry_points(group), hook="kvcache_pool_specs", skip=skip, plugins=plugins, bare=PoolSpec
+    )
+    registry = Registry(skipped=loads.skipped)
+    registry.rejected += [Rejection(info, reason) for info, reason in loads.rejected]
 
     providers: dict[str, list[tuple[PluginInfo, PoolSpec]]] = {}
-    for info, obj in candidates:
-        specs, reason = load_plugin_specs(pm, info, obj)
-        if reason is not None:
-            registry.rejected.append(Rejection(info, reason))
-            continue
+    for info, specs in loads.loaded:
         for spec in specs:
             verdict = validate_spec(spec)
             valid = spec if isinstance(spec, PoolSpec) else None
@@ -487,20 +370,3 @@ def discover(
 def _summary(findings: Sequence[Finding]) -> str:
     text = "; ".join(str(f) for f in findings[:3])
     return text + (f" (+{len(findings) - 3} more)" if len(findings) > 3 else "")
-
-
-def _owner(
-    ep: metadata.EntryPoint, cache: dict[object, tuple[str, str] | None]
-) -> tuple[str, str] | None:
-    """(name, version) of the distribution that ships ``ep``; None if unknown or unreadable."""
-    dist = getattr(ep, "dist", None)
-    if dist is None:
-        return None
-    key = getattr(dist, "_path", dist)
-    if key not in cache:
-        try:
-            meta = dist.metadata
-            cache[key] = (meta["Name"], meta["Version"])
-        except Exception:  # broken METADATA: the plugin still loads, just unattributed
-            cache[key] = None
-    return cache[key]

@@ -17,10 +17,8 @@ if TYPE_CHECKING:  # annotations only: importing the markers must not import tor
 __all__ = ["PROJECT_NAME", "hookimpl", "hookspec", "kvcache_pool_specs", "kvcache_store_specs"]
 
 PROJECT_NAME = "kvcache"
-#: The entry point group every pool plugin registers under.
-ENTRY_POINT_GROUP = "kvcache.pools"
-#: The entry point group every snapshot-store plugin registers under.
-STORE_ENTRY_POINT_GROUP = "kvcache.stores"
+# The entry-point groups ("kvcache.pools", "kvcache.stores") are named once, in plugin_loader,
+# which loads plugins by them; this module only declares the hooks.
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)

@@ -338,15 +338,17 @@ def _entries(header: dict[str, Any], data_len: int) -> dict[str, tuple[str, list
 
 class _Reader:
     def __init__(
-        self, entries: dict[str, tuple[str, list[int], int, int]], data: torch.Tensor
+        self,
+        entries: dict[str, tuple[str, list[int], int, int]],
+        data: torch.Tensor,
+        snapshot_type: type[KVSnapshot],
     ) -> None:
         self.entries = entries
         self.data = data
+        self.snapshot_type = snapshot_type
         self.used: set[str] = set()
 
     def tree(self, node: object, depth: int, where: str) -> KVSnapshot:
-        from .contracts.snapshot import KVSnapshot
-
         if depth > MAX_DEPTH:
             raise _fail(f"{where}: children nest deeper than {MAX_DEPTH} levels")
         if not isinstance(node, dict):
@@ -369,7 +371,7 @@ class _Reader:
                 raise _fail(f"{where}: malformed child record")
             name, child = item
             kids[name] = None if child is None else self.tree(child, depth + 1, f"{where}/{name}")
-        return KVSnapshot(
+        return self.snapshot_type(
             pool_kind=kind,
             dtype=_dtype_of(node.get("dtype"), where),
             token_count=tokens,
@@ -404,7 +406,10 @@ class _Reader:
 
 
 def snapshot_from_bytes(
-    data: bytes | bytearray | memoryview, *, max_bytes: int | None = None
+    data: bytes | bytearray | memoryview,
+    *,
+    snapshot_type: type[KVSnapshot],
+    max_bytes: int | None = None,
 ) -> KVSnapshot:
     """The snapshot in ``data``, after checking all of it; the inverse of
     [`snapshot_to_bytes`][kvcache_core.snapshot_wire.snapshot_to_bytes], bit for bit.
@@ -414,6 +419,9 @@ def snapshot_from_bytes(
     copied once first, so the checksum vouches for bytes nobody can change afterwards.
 
     :param data: The blob, e.g. as a store's ``get`` returned it.
+    :param snapshot_type: The class to build: [`KVSnapshot`][kvcache_core.KVSnapshot], which
+        calls this as [`KVSnapshot.from_bytes`][kvcache_core.KVSnapshot.from_bytes] (passed in
+        so that the byte form never imports the type it serves: no import cycle).
     :param max_bytes: Refuse a blob larger than this (a store's or an engine's own limit).
     :raises SnapshotMismatchError: The blob is truncated, oversized, corrupted (checksum),
         foreign (not safetensors, or no kvcache header), of a newer format or contract, or
@@ -453,7 +461,7 @@ def snapshot_from_bytes(
         )
     if flat.data_ptr() % _ALIGN:
         flat = flat.clone()  # torch's own allocations are 64-aligned
-    reader = _Reader(entries, flat)
+    reader = _Reader(entries, flat, snapshot_type)
     snapshot = reader.tree(doc.get("snapshot"), 0, "snapshot")
     if reader.used != set(entries):
         raise _fail(f"tensors {sorted(set(entries) - reader.used)} belong to no part")

@@ -306,3 +306,349 @@ def test_design_references_point_at_the_architecture_page():
     assert offenders == []
     assert (ROOT / "docs" / "architecture.md").is_file()
     assert "architecture.md" in (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+
+
+# -- the import graph ----------------------------------------------------------------------------
+
+
+def _module_name(path: str) -> str:
+    """``kvcache_core/stores/__init__.py`` -> ``kvcache_core.stores``."""
+    parts = path.removesuffix(".py").split("/")
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def import_graph(sources: dict[str, str]) -> dict[str, dict[str, int]]:
+    """Module -> {module it imports: line}, among the modules of ``sources`` (path -> text).
+
+    Relative imports are resolved; ``from package import name`` points at the submodule
+    ``package.name`` when there is one, else at ``package``. Imports inside functions count;
+    imports under ``if TYPE_CHECKING:`` do not (they never run: annotations only).
+    """
+    modules = {_module_name(path): path for path in sources}
+    return {
+        name: _edges(ast.parse(sources[path]), name, path.endswith("__init__.py"), set(modules))
+        for name, path in modules.items()
+    }
+
+
+def _edges(tree: ast.AST, name: str, is_package: bool, modules: set[str]) -> dict[str, int]:
+    """The modules (of ``modules``) that the module ``name`` imports, each with a line."""
+    package = name if is_package else name.rpartition(".")[0]
+    edges: dict[str, int] = {}
+    todo = [tree]
+    while todo:
+        for child in ast.iter_child_nodes(todo.pop()):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                todo += child.orelse
+                continue
+            targets: list[str] = []
+            if isinstance(child, ast.Import):
+                targets = [a.name for a in child.names]
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    parts = package.split(".")
+                    kept = parts[: len(parts) - (child.level - 1)]
+                    base = ".".join(kept + ([child.module] if child.module else []))
+                targets = [
+                    f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                    for a in child.names
+                ]
+            for target in targets:
+                if target in modules and target != name:
+                    edges[target] = min(edges.get(target, child.lineno), child.lineno)
+            todo.append(child)
+    return edges
+
+
+def import_cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """Each set of modules that import each other (directly or round a loop), as one cycle
+    through them: ``[a, b, a]``. Tarjan's strongly connected components, iteratively."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, successors = work[-1]
+            for succ in successors:
+                if succ not in index:
+                    index[succ] = low[succ] = len(index)
+                    stack.append(succ)
+                    on_stack.add(succ)
+                    work.append((succ, iter(sorted(graph[succ]))))
+                    break
+                if succ in on_stack:
+                    low[node] = min(low[node], index[succ])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component: list[str] = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(_loop(graph, set(component)))
+    return sorted(found)
+
+
+def _loop(graph: dict[str, dict[str, int]], component: set[str]) -> list[str]:
+    """One concrete loop through a strongly connected ``component``, from its first module."""
+    first = min(component)
+    paths = {first: [first]}
+    frontier = [first]
+    while frontier:
+        nxt = []
+        for node in frontier:
+            for succ in sorted(graph[node]):
+                if succ == first:
+                    return paths[node] + [first]
+                if succ in component and succ not in paths:
+                    paths[succ] = paths[node] + [succ]
+                    nxt.append(succ)
+        frontier = nxt
+    raise AssertionError(f"no loop through {sorted(component)}")
+
+
+def test_no_import_cycle_between_kvcache_core_modules():
+    """No two ``kvcache_core`` modules depend on each other, directly or round a loop.
+
+    Imports inside functions count: an import moved into a function only delays its cost, the
+    dependency is still there, and such a pair can no more be understood, tested or moved
+    apart than one importing each other at the top (``conformance.plugin_source`` and
+    ``conformance.plugins`` were such a pair). ``if TYPE_CHECKING:`` imports do not count:
+    they never run. Neither does the implicit import of a module's parent package, which
+    every submodule has.
+    """
+    sources = {p: t for p, t in _package_sources().items() if p.startswith("kvcache_core/")}
+    assert import_cycles(import_graph(sources)) == []
+
+
+def test_the_cycle_rule_catches_each_kind_of_loop():
+    """Who checks the rule: a relative import, a function-level import and a loop of three are
+    each found; a ``TYPE_CHECKING`` import and the import of a parent package are not."""
+    typing_only = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+    sources = {
+        "pkg/__init__.py": "from .a import A\n",
+        "pkg/a.py": "from . import b\nA = 1\n",  # a -> b (a submodule named in from-import)
+        "pkg/b.py": "def f():\n    from .a import A\n",  # b -> a, inside a function
+        "pkg/sub/__init__.py": "",
+        "pkg/sub/c.py": "import pkg.sub.d\n",
+        "pkg/sub/d.py": "from ..e import E\n",
+        "pkg/e.py": f"{typing_only}    from .sub.c import C\ndef g():\n    from .sub import c\n",
+        "pkg/lone.py": f"{typing_only}    from .f import F\n",
+        "pkg/f.py": "from .lone import X\n",
+    }
+    assert import_cycles(import_graph(sources)) == [
+        ["pkg.a", "pkg.b", "pkg.a"],
+        ["pkg.e", "pkg.sub.c", "pkg.sub.d", "pkg.e"],
+    ]
+
+
+def test_the_checker_never_imports_discovery():
+    """Discovery may use the checker's signature level; the checker never uses discovery (it
+    loads plugins through ``plugin_loader``, as discovery does), so the two cannot drift into
+    depending on each other again. Any import counts, even one inside a function."""
+    sources = _package_sources()
+    graph = import_graph({p: t for p, t in sources.items() if p.startswith("kvcache_core/")})
+    offenders = [
+        f"{module}:{line}"
+        for module, edges in graph.items()
+        if module.startswith("kvcache_core.conformance")
+        for target, line in edges.items()
+        if target == "kvcache_core.discovery"
+    ]
+    assert offenders == []
+
+
+# -- one definition each -------------------------------------------------------------------------
+
+#: The one module that names the entry-point groups and summarises a plugin's exception.
+LOADER = "kvcache_core/plugin_loader.py"
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """``id()`` of every string that stands alone as a statement: docstrings of modules,
+    classes, functions and attributes (prose may name a group freely)."""
+    return {
+        id(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+    }
+
+
+def group_names(sources: dict[str, str], groups: set[str]) -> list[str]:
+    """``path:line group`` of every string constant (not prose) that spells one of ``groups``."""
+    found: list[str] = []
+    for path, text in sources.items():
+        tree = ast.parse(text)
+        prose = _docstrings(tree)
+        found += [
+            f"{path}:{node.lineno} {node.value}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and node.value in groups and id(node) not in prose
+        ]
+    return sorted(found)
+
+
+def test_each_entry_point_group_is_named_once():
+    """The entry-point groups (``plugin_loader``'s ``*_ENTRY_POINT_GROUP``) are spelled there
+    and nowhere else in code (docstrings may name them): everything else imports the
+    constants, so a group cannot be renamed in one place and not in another."""
+    loader = ast.parse((ROOT / LOADER).read_text(encoding="utf-8"))
+    constants = {
+        ast.unparse(n.targets[0]): n
+        for n in loader.body
+        if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]).endswith("_ENTRY_POINT_GROUP")
+    }
+    assert set(constants) == {"POOL_ENTRY_POINT_GROUP", "STORE_ENTRY_POINT_GROUP"}
+    groups = {ast.literal_eval(n.value) for n in constants.values()}
+    assert groups == {"kvcache.pools", "kvcache.stores"}
+    assert group_names(_package_sources(), groups) == sorted(
+        f"{LOADER}:{n.lineno} {ast.literal_eval(n.value)}" for n in constants.values()
+    )
+
+
+def exception_summary_helpers(sources: dict[str, str]) -> list[str]:
+    """``path:line name`` of every function that turns an exception into a string: one
+    parameter annotated as an exception type, and ``-> str``."""
+    exception_types = {"BaseException", "Exception"}
+    found: list[str] = []
+    for path, text in sources.items():
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            params = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+            takes_exception = any(
+                p.annotation is not None and exception_types & _names_in(p.annotation)
+                for p in params
+            )
+            returns_str = node.returns is not None and ast.unparse(node.returns) in ("str", "'str'")
+            if takes_exception and returns_str:
+                found.append(f"{path}:{node.lineno} {node.name}")
+    return sorted(found)
+
+
+def _names_in(annotation: ast.expr) -> set[str]:
+    """The names an annotation mentions, also inside a string annotation."""
+    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+        annotation = ast.parse(annotation.value, mode="eval").body
+    return {n.id for n in ast.walk(annotation) if isinstance(n, ast.Name)}
+
+
+def test_one_exception_summary_helper():
+    """One way to say in a line what a plugin raised (``plugin_loader.summarise_exception``):
+    rejection reasons and load errors of every loader read alike. A second helper fails here."""
+    helpers = exception_summary_helpers(_package_sources())
+    assert [h.split(" ")[1] for h in helpers] == ["summarise_exception"], helpers
+    assert helpers[0].startswith(f"{LOADER}:")
+
+
+def test_the_one_definition_rules_catch_a_second_one():
+    """Who checks the rules: a group spelled in code (not in prose) and a second summary
+    helper, however named, are reported."""
+    sources = {
+        "a.py": '"""Reads kvcache.pools."""\nGROUP = "kvcache.pools"\n"""kvcache.stores"""\n',
+        "b.py": "def why(exc: BaseException) -> str:\n    return repr(exc)\n"
+        "def fine(exc: BaseException) -> None:\n    pass\n"
+        "def also(value: object, error: 'Exception | None' = None) -> str:\n    return ''\n",
+    }
+    assert group_names(sources, {"kvcache.pools", "kvcache.stores"}) == ["a.py:2 kvcache.pools"]
+    assert exception_summary_helpers(sources) == ["b.py:1 why", "b.py:5 also"]
+
+
+# -- the package root ----------------------------------------------------------------------------
+
+#: Every module directly in ``kvcache_core/``, with why it belongs there: the public face, what
+#: the face needs, or an entry point others name by its path. A module for the CLI alone goes in
+#: ``commands/``, one for tests or benchmarks alone under ``tests/``.
+ROOT_MODULES = {
+    "__init__": "the public face: every name of kvcache_core.__all__, imported on first use",
+    "_lazy": "the lazy-import helper of the two lazy faces (kvcache_core, contracts)",
+    "cli": "the `kvcache` console script's entry point (pyproject [project.scripts])",
+    "discovery": "discover(), Registry, Rejection: the face engines call",
+    "errors": "the exception types of the face",
+    "hookspecs": "hookimpl, the marker of the face plugin authors use, and the hook specs",
+    "hostmem": "host_cache_stats, set_host_cache_limit, release_host_cache of the face",
+    "plugin_loader": "the one plugin loader discovery (and the checker) load plugins with",
+    "pytest_plugin": "the pytest11 entry point (pyproject), a documented interface",
+    "quantized": "QuantizedLayerRows of the face",
+    "snapshot_wire": "the byte form behind KVSnapshot.to_bytes/from_bytes (documented)",
+    "storage": "LayerRows, host_empty, storage_dtype of the face",
+    "testing": "kvcache_core.testing: the battery in a pool author's suite (documented API)",
+    "validation": "check_rows, check_slots of the face",
+}
+
+#: Root modules that other software names by their path rather than reaching them through the
+#: face: entry points and the documented testing API.
+ENTRY_MODULES = frozenset({"cli", "pytest_plugin", "testing"})
+
+
+def test_the_package_root_holds_the_public_face_and_what_it_needs():
+    """A new module in ``kvcache_core/`` must say why it is there (``ROOT_MODULES``), and every
+    root module but the entry points is imported, directly or not, by a module the face
+    exports from: one only the CLI, tests or benchmarks use does not belong in the root."""
+    root = ROOT / "kvcache_core"
+    here = {p.stem for p in root.glob("*.py")}
+    assert here == set(ROOT_MODULES), "justify each root module in ROOT_MODULES (or move it)"
+    assert all(len(why) > 20 for why in ROOT_MODULES.values())
+
+    face = ast.parse((root / "__init__.py").read_text(encoding="utf-8"))
+    lazy = next(
+        n.value
+        for n in ast.walk(face)
+        if isinstance(n, ast.AnnAssign) and ast.unparse(n.target) == "_LAZY"
+    )
+    assert isinstance(lazy, ast.Dict)
+    exported = {"kvcache_core" + ast.literal_eval(v) for v in lazy.values if v is not None}
+    sources = {p: t for p, t in _package_sources().items() if p.startswith("kvcache_core/")}
+    graph = import_graph(sources)
+    reached, todo = set(), ["kvcache_core", *exported]
+    while todo:
+        module = todo.pop()
+        if module not in reached:
+            reached.add(module)
+            todo += graph.get(module, {})
+    unreached = {m for m in ROOT_MODULES if m not in ENTRY_MODULES and _root(m) not in reached}
+    assert unreached == set(), "root modules the public face never needs"
+
+
+def _root(module: str) -> str:
+    return "kvcache_core" if module == "__init__" else f"kvcache_core.{module}"
+
+
+def test_one_lazy_import_helper():
+    """The lazy faces (PEP 562) share ``_lazy.lazy_exports``: no module writes its own module
+    ``__getattr__``, so the two faces cannot come to resolve names differently."""
+    offenders = [
+        f"{path}:{node.lineno}"
+        for path, text in _package_sources().items()
+        for node in ast.parse(text).body
+        if isinstance(node, ast.FunctionDef) and node.name in ("__getattr__", "__dir__")
+    ]
+    assert offenders == []
+    faces = [
+        path
+        for path, text in _package_sources().items()
+        if "__getattr__, __dir__ = _lazy_exports(globals(), _LAZY)" in text
+    ]
+    assert faces == ["kvcache_core/__init__.py", "kvcache_core/contracts/__init__.py"]

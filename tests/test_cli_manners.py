@@ -12,7 +12,7 @@ from pathlib import Path
 
 import kvcache_core
 from kvcache_core.cli import main
-from kvcache_core.progress import Progress
+from kvcache_core.commands.progress import Progress
 
 ROOT = Path(__file__).resolve().parent.parent
 

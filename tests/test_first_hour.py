@@ -23,7 +23,7 @@ import pytest
 
 import kvcache_core
 from kvcache_core.cli import main
-from kvcache_core.scaffold import KINDS, render
+from kvcache_core.commands.scaffold import KINDS, render
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "pool-authors.md"

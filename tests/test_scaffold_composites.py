@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from kvcache_core import DoubleFreeError, KVCacheError, PoolConfig
-from kvcache_core.scaffold import render
+from kvcache_core.commands.scaffold import render
 
 _HISPARSE = dict(size=16, layer_num=1, kv_lora_rank=4, qk_rope_head_dim=2, hisparse_ratio=2)
 # kind -> (config, table attribute, "no second slot" value, counts of the two sides)

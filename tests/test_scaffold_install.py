@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from kvcache_core.scaffold import KINDS, kvcache_requirement
+from kvcache_core.commands.scaffold import KINDS, kvcache_requirement
 
 ROOT = Path(__file__).resolve().parent.parent
 CONSTRAINTS = ROOT / "constraints" / "torch-cpu.txt"

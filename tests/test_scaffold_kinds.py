@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from kvcache_core.scaffold import (
+from kvcache_core.commands.scaffold import (
     KINDS,
     STORAGES,
     _installed_requirement,

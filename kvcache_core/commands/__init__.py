@@ -1,4 +1,8 @@
-"""One module per ``kvcache`` subcommand; each exposes ``register(subparsers)``."""
+"""One module per ``kvcache`` subcommand; each exposes ``register(subparsers)``.
+
+What only the CLI uses lives here too, not in the package root: ``progress`` (the status line
+of a long run) and ``scaffold`` (the files ``kvcache new-pool`` writes).
+"""
 
 from __future__ import annotations
 

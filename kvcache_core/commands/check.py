@@ -90,8 +90,8 @@ def run(args: argparse.Namespace) -> int:
     from ..conformance.results.usage import UsageError
     from ..conformance.runner import check, check_contract_version, parse_levels
     from ..conformance.targets.resolve import parse_protocols
-    from ..progress import Progress
     from ._output import config_path, usage_error, write
+    from .progress import Progress
 
     try:
         # What the library checks too, here first so that the command reports the first

@@ -21,11 +21,11 @@ import argparse
 import keyword
 import re
 import sys
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from ..scaffold import KINDS, STORAGES, render, storage_problem
+from ..plugin_loader import POOL_ENTRY_POINT_GROUP, entry_points
+from .scaffold import KINDS, STORAGES, render, storage_problem
 
 __all__ = ["register", "run"]
 
@@ -72,7 +72,7 @@ def name_problem(name: str) -> str | None:
             f"{name!r} gives the module name {module!r}, which Python cannot import: "
             "start the name with a letter"
         )
-    taken = {ep.name for ep in metadata.entry_points(group="kvcache.pools")}
+    taken = {ep.name for ep in entry_points(POOL_ENTRY_POINT_GROUP)}
     if name.lower() in taken:
         return (
             f"a pool plugin named {name!r} is already installed; discovery rejects two plugins "

@@ -8,8 +8,9 @@ specs need torch, while the history and the neutral signatures (``contracts.hist
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports as _lazy_exports
 
 if TYPE_CHECKING:
     from .allocator import MambaSlotAllocator, PagedAllocator, SWAAllocator, TokenAllocator
@@ -66,17 +67,7 @@ _LAZY: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = _lazy_exports(globals(), _LAZY)
 
 
 __all__ = [

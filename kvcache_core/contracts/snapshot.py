@@ -115,7 +115,7 @@ class KVSnapshot:
         """
         from ..snapshot_wire import snapshot_from_bytes
 
-        return snapshot_from_bytes(data, max_bytes=max_bytes)
+        return snapshot_from_bytes(data, snapshot_type=cls, max_bytes=max_bytes)
 
 
 def expect_snapshot(

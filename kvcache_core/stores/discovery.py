@@ -11,16 +11,18 @@ others load. An engine then opens a store by URL through
 from __future__ import annotations
 
 import inspect
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from importlib import metadata
 from types import ModuleType
 
-import pluggy
-
-from .. import hookspecs
 from ..errors import PluginRejectedError, StoreError
+from ..plugin_loader import (
+    STORE_ENTRY_POINT_GROUP,
+    PluginInfo,
+    entry_points,
+    load_plugins,
+    names_from_env,
+)
 from .spec import STORE_METHODS, SnapshotStore, StoreSpec
 
 __all__ = [
@@ -146,10 +148,6 @@ class StoreRegistry:
         return store
 
 
-def _summarise(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
-
-
 def store_drift(cls: object) -> str | None:
     """Why ``cls`` does not implement [`SnapshotStore`][kvcache_core.stores.SnapshotStore]
     (a missing method, a parameter missing or of another kind), or None when it does.
@@ -222,46 +220,12 @@ def _spec_problem(spec: object) -> str | None:
     return f"contract drift: {drift}" if drift else None
 
 
-def _names(var: str) -> set[str] | None:
-    raw = os.environ.get(var)
-    return None if raw is None else {n.strip() for n in raw.split(",") if n.strip()}
-
-
-def _load(
-    pm: pluggy.PluginManager, info: StorePlugin, obj: object
-) -> tuple[list[object], str | None]:
-    """Register one plugin and call its hook alone; its specs, or why it is rejected."""
-    try:
-        pm.register(obj, name=info.name)
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:
-        return [], f"could not register with pluggy: {_summarise(exc)}"
-    impls = [i for i in pm.hook.kvcache_store_specs.get_hookimpls() if i.plugin_name == info.name]
-    if not impls:
-        if callable(getattr(obj, "kvcache_store_specs", None)):
-            return [], "defines kvcache_store_specs() without the @hookimpl marker"
-        return [], "implements no kvcache_store_specs() hook"
-    specs: list[object] = []
-    for impl in impls:
-        try:
-            result = impl.function()
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:
-            return [], f"kvcache_store_specs() raised {_summarise(exc)}"
-        if not isinstance(result, (list, tuple)):
-            return [], f"kvcache_store_specs() returned a {type(result).__name__}, expected a list"
-        specs.extend(result)
-    return specs, None
-
-
 def discover_stores(
     *,
     allow: Sequence[str] | None = None,
     deny: Sequence[str] | None = None,
     plugins: Sequence[ModuleType | object] = (),
-    group: str = hookspecs.STORE_ENTRY_POINT_GROUP,
+    group: str = STORE_ENTRY_POINT_GROUP,
     strict: bool = False,
 ) -> StoreRegistry:
     """Load and validate every snapshot-store plugin; a broken one is rejected, never a crash.
@@ -274,36 +238,26 @@ def discover_stores(
     :param strict: Raise [`PluginRejectedError`][kvcache_core.PluginRejectedError] listing
         every rejection instead of isolating them.
     """
-    allowed = set(allow) if allow is not None else _names(ENV_ALLOW)
-    denied = set(deny) if deny is not None else (_names(ENV_DENY) or set())
-    registry = StoreRegistry()
-    pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
-    pm.add_hookspecs(hookspecs)
-    candidates: list[tuple[StorePlugin, object]] = []
-    for ep in metadata.entry_points(group=group):
-        dist = getattr(ep, "dist", None)
-        info = StorePlugin(ep.name, ep.value, getattr(dist, "name", None))
-        if ep.name in denied or (allowed is not None and ep.name not in allowed):
-            registry.skipped.append(
-                (info, "disabled by deny list" if ep.name in denied else "not in allow list")
-            )
-            continue
-        try:
-            candidates.append((info, ep.load()))
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:
-            registry.rejected.append(StoreRejection(info, f"import failed: {_summarise(exc)}"))
-    for obj in plugins:
-        name = getattr(obj, "__name__", type(obj).__name__)
-        candidates.append((StorePlugin(name, name), obj))
+    allowed = set(allow) if allow is not None else names_from_env(ENV_ALLOW)
+    denied = set(deny) if deny is not None else (names_from_env(ENV_DENY) or set())
 
+    def skip(name: str) -> str | None:
+        if name in denied:
+            return "disabled by deny list"
+        return "not in allow list" if allowed is not None and name not in allowed else None
+
+    loads = load_plugins(
+        entry_points(group), hook="kvcache_store_specs", skip=skip, plugins=plugins, bare=StoreSpec
+    )
+
+    def plugin(info: PluginInfo) -> StorePlugin:
+        return StorePlugin(info.name, info.value, info.distribution)
+
+    registry = StoreRegistry(skipped=[(plugin(info), why) for info, why in loads.skipped])
+    registry.rejected += [StoreRejection(plugin(info), why) for info, why in loads.rejected]
     offers: list[tuple[StorePlugin, StoreSpec]] = []
-    for info, obj in candidates:
-        specs, reason = _load(pm, info, obj)
-        if reason is not None:
-            registry.rejected.append(StoreRejection(info, reason))
-            continue
+    for loaded, specs in loads.loaded:
+        info = plugin(loaded)
         for spec in specs:
             problem = _spec_problem(spec)
             if problem is not None:

@@ -1,6 +1,6 @@
 """How many times ``free`` reads ids back to the host, per call, counted without a GPU.
 
-The counter is :mod:`kvcache_core._host_syncs` (shared with ``make bench``, which prints the
+The counter is `tests/allocators/_host_syncs.py` (shared with ``make bench``, which prints the
 same counts): ids that are CPU data standing for device data and record every operation that
 would force a device -> host read on CUDA. The allocators' device-resident tables (the SWA
 table, the HiSparse device table) are seen through the same proxy, so reading them counts too.
@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from kvcache_core import DoubleFreeError, PagedSlotAllocator
-from kvcache_core._host_syncs import DeviceIds, as_device, count_host_syncs
 from kvcache_plugins._hisparse_alloc import HiSparseSlotAllocator
 from kvcache_plugins._swa_allocator import SWASlotAllocator
 
 from . import _factories as fx
+from ._host_syncs import DeviceIds, as_device, count_host_syncs
 
 
 def _count(call: Callable[[torch.Tensor], None], ids: torch.Tensor) -> list[str]:

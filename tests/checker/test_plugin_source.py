@@ -23,13 +23,12 @@ from kvcache_core.conformance.runner import run_levels
 from kvcache_core.conformance.targets.plugin_source import (
     CAPABILITY_COMPANION_NAMES,
     CAPABILITY_PROTOCOL_NAMES,
-    ENTRY_POINT_GROUP,
-    entry_points,
-    source_plugin_targets,
     static_specs,
 )
-from kvcache_core.conformance.targets.plugins import plugin_targets
+from kvcache_core.conformance.targets.plugins import plugin_targets, source_plugin_targets
 from kvcache_core.conformance.targets.resolve import resolve_targets
+from kvcache_core.plugin_loader import POOL_ENTRY_POINT_GROUP
+from kvcache_core.plugin_loader import entry_points as group_entry_points
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 EXAMPLE = ROOT / "examples" / "kvcache-example-pool" / "kvcache_example_pool"
@@ -55,10 +54,8 @@ def assert_same_both_ways(names: list[str] | None = None) -> list[tuple[str, str
 
 
 def test_the_torch_free_twins_match_the_live_contract() -> None:
-    from kvcache_core import hookspecs
     from kvcache_core.contracts.spec import CAPABILITY_PROTOCOLS, Capability
 
-    assert ENTRY_POINT_GROUP == hookspecs.ENTRY_POINT_GROUP
     live = {c.name: (c.value, *_role_name(CAPABILITY_PROTOCOLS[c])) for c in Capability}
     assert dict(CAPABILITY_PROTOCOL_NAMES) == live
     from kvcache_core.contracts.spec import CAPABILITY_COMPANION_PROTOCOLS
@@ -238,6 +235,10 @@ def installed(fake_site: Callable[..., Path]) -> Callable[[str, str], None]:
 
 def _only(name: str) -> list[metadata.EntryPoint]:
     return [ep for ep in entry_points() if ep.name == name]
+
+
+def entry_points() -> list[metadata.EntryPoint]:
+    return group_entry_points(POOL_ENTRY_POINT_GROUP)
 
 
 def test_a_plain_hook_with_a_local_list_is_read(installed: Callable[[str, str], None]) -> None:

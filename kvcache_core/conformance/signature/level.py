@@ -16,7 +16,6 @@ import linecache
 import os
 import sys
 import time
-import traceback
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from ...contracts.history import CONTRACT_VERSION
 from ...contracts.signature import MethodSig
+from ...plugin_loader import summarise_exception
 from ..members.methods import (
     body_findings,
     body_may_find,
@@ -301,12 +301,6 @@ def _import_root(path: str | None) -> Iterator[None]:
             sys.path.remove(root)
 
 
-def _summarise(exc: BaseException) -> str:
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-    return f"{type(exc).__name__}: {exc}{where}"
-
-
 def import_target(target: ClassTarget) -> type | str:
     """Import the class ``target`` names; on failure, a one-line reason."""
     module_name = target.module
@@ -320,7 +314,7 @@ def import_target(target: ClassTarget) -> type | str:
     except BaseException as exc:  # a plugin's import may raise anything, even SystemExit
         if isinstance(exc, KeyboardInterrupt):
             raise
-        return f"importing {module_name} failed: {_summarise(exc)}"
+        return f"importing {module_name} failed: {summarise_exception(exc)}"
     if target.path and getattr(module, "__file__", None):
         loaded = os.path.realpath(str(module.__file__))
         if loaded != os.path.realpath(target.path):

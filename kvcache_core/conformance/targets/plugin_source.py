@@ -16,7 +16,8 @@ through the module's imports (``SourceIndex``), giving the very targets the impo
 hook that is not a list literal of ``PoolSpec(...)`` calls, a class that does not resolve to one
 top-level class statement, a module file that cannot be found or parsed) makes that plugin, and
 only that plugin, go through the import path as before: the answer never depends on which path
-was taken. A test compares both paths on every installed plugin.
+was taken (``plugins.source_plugin_targets`` chooses the path per plugin). A test compares both
+paths on every installed plugin.
 
 What reading cannot see: a plugin module that parses but fails when imported (a missing
 dependency, an exception at import time). The import path reports that as a load error; the
@@ -38,19 +39,12 @@ from .target import ClassTarget
 __all__ = [
     "CAPABILITY_COMPANION_NAMES",
     "CAPABILITY_PROTOCOL_NAMES",
-    "ENTRY_POINT_GROUP",
     "PluginLoad",
     "StaticSpec",
-    "entry_points",
     "select_plugin_targets",
-    "source_plugin_targets",
     "static_spec_targets",
     "static_specs",
 ]
-
-#: ``hookspecs.ENTRY_POINT_GROUP``, spelled out so that reading it imports no pluggy (a test
-#: checks that the two agree).
-ENTRY_POINT_GROUP = "kvcache.pools"
 
 #: ``Capability`` member name -> (its value, the role it applies to, the Protocol's name): the
 #: torch-free twin of ``contracts.spec.CAPABILITY_PROTOCOLS`` (a test checks they agree).
@@ -100,11 +94,6 @@ class StaticSpec:
     allocator_class: ClassSource
     #: ``Capability`` values, e.g. ``("offload", "paged")``.
     capabilities: tuple[str, ...]
-
-
-def entry_points() -> list[metadata.EntryPoint]:
-    """The installed plugins' entry points, sorted by name."""
-    return sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name)
 
 
 def _names_in(node: ast.AST) -> set[str]:
@@ -392,32 +381,3 @@ def select_plugin_targets(
             if name in whole or pool in some_pools[name]:
                 targets.extend(found)
     return targets, errors
-
-
-def source_plugin_targets(
-    names: Sequence[str] | None = None,
-    *,
-    fallbacks: list[tuple[str, str]] | None = None,
-) -> tuple[list[ClassTarget], list[CheckResult]]:
-    """``plugins.plugin_targets`` for the source level: each plugin read from source when it
-    can be, imported otherwise (``fallbacks``, if given, collects ``(plugin, why)``)."""
-    index = SourceIndex()
-    cache: dict[str, tuple[list[tuple[str, list[ClassTarget]]], list[CheckResult]]] = {}
-
-    def load(
-        ep: metadata.EntryPoint,
-    ) -> tuple[list[tuple[str, list[ClassTarget]]], list[CheckResult]]:
-        if ep.name in cache:
-            return cache[ep.name]
-        specs = static_specs(ep, index)
-        if isinstance(specs, str):
-            if fallbacks is not None:
-                fallbacks.append((ep.name, specs))
-            from .plugins import plugin_pools  # imports the plugin (and torch): only when needed
-
-            cache[ep.name] = plugin_pools(ep)
-        else:
-            cache[ep.name] = ([(s.name, static_spec_targets(s, ep.name)) for s in specs], [])
-        return cache[ep.name]
-
-    return select_plugin_targets({ep.name: ep for ep in entry_points()}, names, load)

@@ -169,7 +169,7 @@ def resolve_targets(
         # neither does a plugin the source level can read (``plugin_source``).
         try:
             if read_plugins:
-                from .plugin_source import source_plugin_targets
+                from .plugins import source_plugin_targets
 
                 found, failed = source_plugin_targets(plugins or None)
             else:

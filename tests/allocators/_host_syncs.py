@@ -1,4 +1,4 @@
-"""Counting host syncs without a GPU (private: for the allocator tests and ``make bench``).
+"""Counting host syncs without a GPU: a test helper, also used by ``make bench``.
 
 On an accelerator every read of device data back to the host waits for the device queue to
 drain (a sync). Without CUDA, `DeviceIds` stands in: CPU data standing for device data,
@@ -13,9 +13,10 @@ Everything computed from a ``DeviceIds`` stays one (torch keeps the subclass), s
 follows the data the way it would flow on a device. Give an allocator's device-resident tables
 the same treatment with `as_device` (a view sharing storage) to count reads of them too.
 
-Why here and not under ``tests/``: ``benchmarks/_allocator.py`` prints the same counts the tests
-pin, and the benchmark can import ``kvcache_core`` but not the test package. Nothing in the
-library imports this module.
+Why under ``tests/`` and not in ``kvcache_core``: nothing in the library uses it; it serves the
+allocator tests, and ``benchmarks/_allocator.py``, which prints the same counts the tests pin,
+imports it as ``tests.allocators._host_syncs`` with the checkout on ``sys.path`` (as
+``bench_drift.py`` imports the test package's generators).
 """
 
 from __future__ import annotations
