@@ -563,6 +563,26 @@ def test_one_exception_summary_helper():
     assert helpers[0].startswith(f"{LOADER}:")
 
 
+def inline_summaries(sources: dict[str, str]) -> list[str]:
+    """``path:line`` of every call reading a traceback's frames outside the loader: an inline
+    copy of the summary (type, message, innermost frame) that no helper definition shows."""
+    return sorted(
+        f"{path}:{node.lineno}"
+        for path, text in sources.items()
+        if path != LOADER
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, ast.Attribute) and node.attr in ("extract_tb", "walk_tb")
+    )
+
+
+def test_no_inline_exception_summary():
+    """The summary is also not rebuilt inline (the runner and the battery once did): a crash
+    in a level or a check reads like a plugin's rejection."""
+    assert inline_summaries(_package_sources()) == []
+    planted = {"c.py": "import traceback\nframes = traceback.extract_tb(None)\n"}
+    assert inline_summaries(planted) == ["c.py:2"]
+
+
 def test_the_one_definition_rules_catch_a_second_one():
     """Who checks the rules: a group spelled in code (not in prose) and a second summary
     helper, however named, are reported."""

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import importlib
 import os
-import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from ..contracts.history import CONTRACT_VERSION, VERSIONS
+from ..plugin_loader import summarise_exception
 from .members.sources import SourceIndex
 from .reporting.report import FORMATS, Report, report
 from .results.expected import ExpectedFailure
@@ -240,9 +240,7 @@ def _guarded(
     except LevelUnavailable as exc:
         return _for_each(targets, level.name, Outcome.ERROR, str(exc))
     except Exception as exc:
-        frames = traceback.extract_tb(exc.__traceback__)
-        where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-        why = f"{level.name} level crashed: {type(exc).__name__}: {exc}{where}"
+        why = f"{level.name} level crashed: {summarise_exception(exc)}"
         return _for_each(targets, level.name, Outcome.ERROR, why)
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import threading
 import time
-import traceback
 from collections.abc import Iterable, Mapping
 
 from ...contracts.spec import PoolSpec
+from ...plugin_loader import summarise_exception
 from ..results.model import CheckResult, Finding, Outcome
 from ._check import BATTERY, BehaviourCheck, BehaviourFailure
 from ._context import DEFAULT_TIMEOUT_S, CheckContext, config_source, default_config
@@ -86,9 +86,7 @@ def _finding(check: BehaviourCheck, spec: PoolSpec, exc: BaseException) -> Findi
         message, hint = exc.message, exc.hint or check.hint
         repro = exc.reproduction or _rerun(check, spec)
     else:
-        frames = traceback.extract_tb(exc.__traceback__)
-        where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-        message = f"raised {type(exc).__name__}: {exc}{where}"
+        message = f"raised {summarise_exception(exc)}"
         hint, repro = check.hint, _rerun(check, spec)
     return Finding(
         rule="behaviour-failed",
