@@ -31,8 +31,9 @@ typecheck: setup
 	$(BIN)/mypy
 
 # Two workers (pytest-xdist): the suite is CPU-bound and every test file is independent.
+# `--dist loadgroup` keeps a module marked `xdist_group` on one worker (the fresh-venv install).
 unit: setup
-	$(BIN)/python -m pytest -q -n 2
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 test: lint typecheck unit
 

@@ -38,6 +38,11 @@ from kvcache_core.commands.scaffold import KINDS, kvcache_requirement
 ROOT = Path(__file__).resolve().parent.parent
 CONSTRAINTS = ROOT / "constraints" / "torch-cpu.txt"
 
+# One worker runs this whole module (`make unit` passes `--dist loadgroup`): its module fixture
+# builds the checkout's wheel in the checkout's own `build/`, and two workers building it at
+# once failed with "File exists: build/bdist..." (and built the venv twice).
+pytestmark = pytest.mark.xdist_group("fresh-venv")
+
 
 #: Every kind, and the quantised storages of the kind that has them: (kind, storage).
 VARIANTS = [*((kind, "full") for kind in KINDS), ("mha", "int8"), ("mha", "fp8")]
