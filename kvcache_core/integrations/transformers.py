@@ -287,9 +287,10 @@ class KVPoolCache(Cache):
         start = rows.run_start
         if slots is None and start is not None:
             run = by_head[:, start + lo : start + hi].unsqueeze(0)
-            # One head (an MLA latent, MQA): the slice already is head-major, read in place;
-            # short contexts are too (a copy there costs more than the strided read).
-            if run.shape[1] == 1 or hi - lo < self.copy_from:
+            # Each head's slots contiguous (a head-major pool, one head as in an MLA latent or
+            # MQA): the slice already is what attention wants, read in place. Short contexts
+            # are too (a copy there costs more than the strided read).
+            if by_head.stride(1) == by_head.shape[-1] or hi - lo < self.copy_from:
                 return run
             return run.contiguous()
         index = rows.table[:, lo:hi].reshape(-1) if slots is None else slots
