@@ -103,7 +103,7 @@ class PoolAttentionLayer(_Unsupported, CacheLayerMixin):
         self.ref = LayerRef(plan.index)
         self.length = 0
         self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None
-        #: The key and value buffers viewed head-major (``[heads, slots, dim]``), and whether
+        #: The key and value buffers viewed head-major (``[1, heads, slots, dim]``), and whether
         #: each head's slots are contiguous there (a head-major pool, or one head).
         self._by_head: tuple[torch.Tensor, torch.Tensor, bool] | None = None
 
@@ -182,13 +182,13 @@ class PoolAttentionLayer(_Unsupported, CacheLayerMixin):
         views = self._by_head
         if views is None:
             key, value = self.buffers()
-            k_heads, v_heads = key.transpose(0, 1), value.transpose(0, 1)
-            contiguous = all(t.stride(1) == t.shape[-1] for t in (k_heads, v_heads))
+            k_heads, v_heads = key.transpose(0, 1)[None], value.transpose(0, 1)[None]
+            contiguous = all(t.stride(2) == t.shape[-1] for t in (k_heads, v_heads))
             views = self._by_head = (k_heads, v_heads, contiguous)
         if run is not None and views[2]:
             # The hot path of a one-row batch on a head-major pool: views, each head one
             # contiguous block, no copy (what ``heads_of`` would return, without its lookups).
-            return views[0][None, :, run : run + end], views[1][None, :, run : run + end]
+            return views[0].narrow(2, run, end), views[1].narrow(2, run, end)
         key, value = self.buffers()
         return self.owner.heads_of(key, 0, end), self.owner.heads_of(value, 0, end)
 
