@@ -59,12 +59,18 @@ def test_identical_to_dynamic_cache_through_retractions(
     assert identical(got, want)
 
 
-@pytest.mark.parametrize("name", ["llama", "bamba"])
-def test_sampled_generation_is_identical(tiny: Any, name: str) -> None:
-    model = tiny(name)
-    want = reference(model, 2, sample=True)
-    got, cache, _ = retracting_run(model, 2, sample=True)
-    assert cache.retractions == 3
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_sampled_generation_is_identical(
+    tiny: Any, name: str, dtype: torch.dtype, batch: int
+) -> None:
+    """Seeded sampling (the same seed before each run) draws the same tokens from the same
+    logits, through three retractions, in both dtypes."""
+    model = tiny(name, dtype)
+    want = reference(model, batch, sample=True)
+    got, cache, retractor = retracting_run(model, batch, sample=True)
+    assert cache.retractions == 3 and retractor.moved == [True, True, True]
     assert identical(got, want)
 
 
