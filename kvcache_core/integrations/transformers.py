@@ -33,7 +33,7 @@ from ._hf_layers import (
 from ._hf_layout import LayerKind, ModelLayout, UnsupportedLayerError, probe_layout
 from ._hf_pool_choice import (
     MissingCapabilityError,
-    choose_pool,
+    choose_pool_for_layout,
     pool_config,
     required_capabilities,
 )
@@ -221,7 +221,7 @@ class KVPoolCache(Cache):
             registry = discover()
         layout = probe_layout(model)
         choice = required_capabilities(layout, page_size)
-        name = choose_pool(registry, pool, choice)
+        name = choose_pool_for_layout(registry, pool, choice)
         config = pool_config(
             layout, size=size, page_size=page_size, max_batch=max_batch, device=layout.device
         )
