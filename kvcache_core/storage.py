@@ -264,12 +264,13 @@ class LayerRows:
             )
         self.head_major = head_major
         """Whether memory holds ``[layers, heads, rows, dim]`` (see the class's parameters)."""
-        if head_major:
-            heads, dim = self.row_shape
-            by_head = host_zeros((layers, heads, rows, dim), self.store_dtype, device)
-            self.data = by_head.transpose(1, 2)
-        else:
-            self.data = host_zeros((layers, rows, *self.row_shape), self.store_dtype, device)
+        # Head-major: memory ``[layers, heads, rows, dim]``, seen through ``data`` row-first.
+        shape = (layers, *self.row_shape[:1], rows, *self.row_shape[1:])
+        self.data = (
+            host_zeros(shape, self.store_dtype, device).transpose(1, 2)
+            if head_major
+            else host_zeros((layers, rows, *self.row_shape), self.store_dtype, device)
+        )
         """Every row, ``[layers, rows, *row_shape]`` in ``store_dtype``; kernels and custom
         copies may use it directly (a strided view when ``head_major``)."""
         # One view per layer, made once: indexing ``data`` anew costs as much as a one-row
