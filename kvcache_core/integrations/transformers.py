@@ -112,8 +112,10 @@ class KVPoolCache(Cache):
     Build it with [`for_model`][kvcache_core.integrations.transformers.KVPoolCache.for_model];
     use it for one ``generate`` call (or call ``release()`` to reuse it). Every attention layer
     writes its new tokens into the pool at slots the allocator handed out and reads the cached
-    ones back from the pool (see ``heads_of``: views of the pool's buffer for short one-row
-    contexts on consecutive slots and for single-head latents, one head-major copy otherwise).
+    ones back from the pool: a one-row batch on consecutive slots of a head-major pool (what
+    ``for_model`` builds an ``mha`` pool as) reads views, each head contiguous; otherwise see
+    ``heads_of`` (views for short one-row contexts on consecutive slots and for single-head
+    latents, one head-major copy otherwise).
     Mamba state is staged in ``[batch, ...]`` tensors that transformers updates in place and
     copied to the row's request slot in the pool before any offload (see
     docs/integrations/transformers.md).
@@ -125,9 +127,9 @@ class KVPoolCache(Cache):
     :param page_size: Slots per page (``> 1`` allocates through ``alloc_extend``/``alloc_decode``).
     """
 
-    #: From how many positions a one-row batch on consecutive slots is copied head-major
-    #: rather than read in place (see ``heads_of``): below it the copy costs more than SDPA's
-    #: strided read saves.
+    #: From how many positions a one-row batch on consecutive slots of a row-major pool is
+    #: copied head-major rather than read in place (see ``heads_of``): below it the copy costs
+    #: more than SDPA's strided read saves. A head-major pool is always read in place.
     copy_from = 256
 
     def __init__(
