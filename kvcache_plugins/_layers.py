@@ -55,7 +55,20 @@ def local_layer(layer_id: int, start_layer: int, layer_num: int) -> int:
 def write_slots(
     loc: torch.Tensor, *, limit: int, check_values: bool, device: torch.device, name: str = "loc"
 ) -> torch.Tensor:
-    """Slots a forward pass writes to: slot 0 (padding) allowed, values checked on request."""
+    """Slots a forward pass writes to: slot 0 (padding) allowed, values checked on request.
+
+    Every layer of every forward pass comes through here, so a tensor that already is what
+    ``check_slots`` would return (1-D int64 on ``device``) is returned as it is when its values
+    need no check, without the reshape and cast calls that cost more than the write itself.
+    """
+    if (
+        not check_values
+        and isinstance(loc, torch.Tensor)
+        and loc.dtype == torch.int64
+        and loc.dim() == 1
+        and loc.device == device
+    ):
+        return loc
     return check_slots(
         loc, limit=limit, name=name, allow_zero=True, check_values=check_values, device=device
     )

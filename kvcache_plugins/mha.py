@@ -48,6 +48,7 @@ class MHATokenToKVPool:
         v_head_dim: int | None = None,
         start_layer: int = 0,
         check_write_slots: bool | None = None,
+        head_major: bool = False,
     ) -> None:
         if size <= 0 or page_size <= 0 or layer_num <= 0 or head_num <= 0 or head_dim <= 0:
             raise ValueError("size, page_size, layer_num, head_num and head_dim must be positive")
@@ -64,11 +65,24 @@ class MHATokenToKVPool:
             self.device.type == "cpu" if check_write_slots is None else check_write_slots
         )
         rows = size + page_size
+        self.head_major = head_major
         self._k = LayerRows(
-            layer_num, rows, (head_num, head_dim), dtype, self.device, page_size=page_size
+            layer_num,
+            rows,
+            (head_num, head_dim),
+            dtype,
+            self.device,
+            page_size=page_size,
+            head_major=head_major,
         )
         self._v = LayerRows(
-            layer_num, rows, (head_num, self.v_head_dim), dtype, self.device, page_size=page_size
+            layer_num,
+            rows,
+            (head_num, self.v_head_dim),
+            dtype,
+            self.device,
+            page_size=page_size,
+            head_major=head_major,
         )
         self.store_dtype = self._k.store_dtype
 
@@ -105,6 +119,24 @@ class MHATokenToKVPool:
         v_scale: float | None = None,
     ) -> None:
         local = self._local(layer_id_of(layer))
+        k_rows, v_rows = self._k, self._v
+        if (  # the hot path (checked slots, rows as stored): write at once, nothing to convert
+            type(loc) is torch.Tensor
+            and not self.check_write_slots
+            and loc.dtype == torch.int64
+            and loc.dim() == 1
+            and loc.device == self.device
+            and type(cache_k) is torch.Tensor
+            and type(cache_v) is torch.Tensor
+            and cache_k.dtype == cache_v.dtype == k_rows.store_dtype == self.dtype
+            and cache_k.device == cache_v.device == self.device
+            and cache_k.shape[0] == cache_v.shape[0] == loc.shape[0]
+            and cache_k.shape[1:] == k_rows.row_shape
+            and cache_v.shape[1:] == v_rows.row_shape
+        ):
+            k_rows.write(local, loc, cache_k)
+            v_rows.write(local, loc, cache_v)
+            return
         check_loc(loc)
         full, _ = unwrap_write_loc(loc)  # an MHA pool keeps no window: swa_loc is not ours
         slots = write_slots(
@@ -187,7 +219,16 @@ class MHATokenToKVPool:
 
 
 def create(config: PoolConfig) -> tuple[MHATokenToKVPool, PagedSlotAllocator]:
-    """Build an MHA pool and its allocator (token-granular when ``page_size`` is 1)."""
+    """Build an MHA pool and its allocator (token-granular when ``page_size`` is 1).
+
+    ``config.options["head_major"]`` (a bool, default False) keeps each layer's rows
+    head-major in memory (see [`LayerRows`][kvcache_core.LayerRows]): the buffers, writes and
+    snapshots are the same, attention that reads runs of slots in place is faster, offloads
+    are slower.
+    """
+    head_major = config.options.get("head_major", False)
+    if not isinstance(head_major, bool):
+        raise TypeError(f"PoolConfig.options['head_major'] must be a bool, got {head_major!r}")
     pool = MHATokenToKVPool(
         size=config.size,
         page_size=config.page_size,
@@ -199,6 +240,7 @@ def create(config: PoolConfig) -> tuple[MHATokenToKVPool, PagedSlotAllocator]:
         v_head_dim=config.v_head_dim,
         start_layer=config.start_layer,
         check_write_slots=config.checks_write_slots,
+        head_major=head_major,
     )
     return pool, PagedSlotAllocator(config.size, config.page_size, pool)
 

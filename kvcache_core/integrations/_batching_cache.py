@@ -31,7 +31,7 @@ from transformers.generation.continuous_batching.cache_allocators import (
 
 from ..contracts import KVSnapshot, PoolConfig, SlidingWindowPool, SWAAllocator
 from ..errors import AllocatorError, KVCacheError, UnsupportedDtypeError
-from ._batching_pool import FULL_ATTENTION, SLIDING_ATTENTION, PoolChoice
+from ._hf_pool_choice import FULL_ATTENTION, SLIDING_ATTENTION, PoolChoice
 
 
 @dataclass(frozen=True)

@@ -103,6 +103,9 @@ class PoolAttentionLayer(_Unsupported, CacheLayerMixin):
         self.ref = LayerRef(plan.index)
         self.length = 0
         self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+        #: The key and value buffers viewed head-major (``[1, heads, slots, dim]``), and whether
+        #: each head's slots are contiguous there (a head-major pool, or one head).
+        self._by_head: tuple[torch.Tensor, torch.Tensor, bool] | None = None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
@@ -149,9 +152,15 @@ class PoolAttentionLayer(_Unsupported, CacheLayerMixin):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         start = self.length
-        count = key_states.shape[2]
-        self.owner.positions(start, key_states)
-        self._write(key_states, value_states, start, count)
+        count = k_shape[2]
+        rows = self.owner.rows
+        if start + count == rows.length and count == rows.last_count and k_shape[0] == rows.batch:
+            # A later layer of this forward pass (its slots are allocated, flattened once in
+            # ``rows.last_loc``): the hot path, without the calls that would find that out.
+            self._write_at(rows.last_loc, key_states, value_states)
+        else:
+            self.owner.positions(start, key_states)
+            self._write(key_states, value_states, start, count)
         self.length = start + count
         return self._read(start, count)
 
@@ -162,13 +171,25 @@ class PoolAttentionLayer(_Unsupported, CacheLayerMixin):
         return rows.table[:, start : start + count].reshape(-1)
 
     def _write(self, keys: torch.Tensor, values: torch.Tensor, start: int, count: int) -> None:
-        self.owner.pool.set_kv_buffer(
-            self.ref, self._loc(start, count), _token_rows(keys), _token_rows(values)
-        )
+        self._write_at(self._loc(start, count), keys, values)
+
+    def _write_at(self, loc: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+        self.owner.pool.set_kv_buffer(self.ref, loc, _token_rows(keys), _token_rows(values))
 
     def _read(self, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        key, value = self.buffers()
         end = start + count
+        run = self.owner.rows.run_start
+        views = self._by_head
+        if views is None:
+            key, value = self.buffers()
+            k_heads, v_heads = key.transpose(0, 1)[None], value.transpose(0, 1)[None]
+            contiguous = all(t.stride(2) == t.shape[-1] for t in (k_heads, v_heads))
+            views = self._by_head = (k_heads, v_heads, contiguous)
+        if run is not None and views[2]:
+            # The hot path of a one-row batch on a head-major pool: views, each head one
+            # contiguous block, no copy (what ``heads_of`` would return, without its lookups).
+            return views[0].narrow(2, run, end), views[1].narrow(2, run, end)
+        key, value = self.buffers()
         return self.owner.heads_of(key, 0, end), self.owner.heads_of(value, 0, end)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -230,8 +251,7 @@ class PoolLatentLayer(PoolAttentionLayer):
     the read returns the two halves of the same rows.
     """
 
-    def _write(self, keys: torch.Tensor, values: torch.Tensor, start: int, count: int) -> None:
-        loc = self._loc(start, count)
+    def _write_at(self, loc: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
         self.owner.pool.set_mla_kv_buffer(self.ref, loc, _token_rows(keys), _token_rows(values))
 
     def _read(self, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,25 +1,48 @@
-"""Which discovered pool serves a model, decided by capabilities, and the config to build it.
+"""Which discovered pool serves a transformers model, decided by capabilities, never by name.
 
-The model's layer kinds (see ``_hf_layout``) say what a pool must be able to do: full attention
-only needs offload (retraction); sliding + full needs ``sliding-window``; an MLA latent needs
-``mla``; Mamba hybrids need ``mamba-state``; ``page_size > 1`` also needs ``paged``. A pool
-named by the caller is held to those capabilities; without a name, the accepted pool with the
-fewest capabilities beyond them (and none that change the buffer layout the integration reads)
-is chosen, so a third-party pool is picked on what it declares, never on its name.
+One module for both ways transformers runs on kvcache pools, because both ask the same
+question of the same registry: which accepted pool holds what this model's layers cache, and
+can move a request to the host and back?
+
+* ``model.generate`` on a [`KVPoolCache`][kvcache_core.integrations.transformers.KVPoolCache]:
+  the model's probed layer kinds (see ``_hf_layout``) say what a pool must be able to do
+  (``required_capabilities``): full attention only needs offload (retraction); sliding + full
+  needs ``sliding-window``; an MLA latent needs ``mla``; Mamba hybrids need ``mamba-state``;
+  ``page_size > 1`` also needs ``paged``. A pool named by the caller is held to those
+  capabilities; without a name, the accepted pool with the fewest capabilities beyond them
+  (and none that change the buffer layout the integration reads) is chosen
+  (``choose_pool_for_layout``), and ``pool_config`` builds its config.
+* Continuous batching (``generate_batch``): transformers' paged cache groups layers by
+  ``layer_types`` (``layer_groups``); its paged attention reads plain per-head keys and
+  values, so the pool may declare nothing beyond ``offload``, ``paged`` and
+  ``sliding-window`` (``choose_batching_pool``). Every refusal is raised in the caller's
+  thread, before transformers starts its generation thread or allocates anything.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import torch
 
 from ..contracts.spec import Capability, PoolConfig, PoolSpec
-from ..discovery import Registry
-from ..errors import KVCacheError
+from ..discovery import Registry, discover
+from ..errors import KVCacheError, UnknownPoolError
 from ._hf_layout import LayerKind, ModelLayout, UnsupportedLayerError
 
-__all__ = ["MissingCapabilityError", "PoolChoice", "choose_pool", "pool_config"]
+__all__ = [
+    "FULL_ATTENTION",
+    "SLIDING_ATTENTION",
+    "MissingCapabilityError",
+    "PoolChoice",
+    "PoolNeeds",
+    "choose_batching_pool",
+    "choose_pool_for_layout",
+    "layer_groups",
+    "pool_config",
+    "required_capabilities",
+]
 
 #: Capabilities that change what a pool's buffers mean, so that reading them as plain per-slot
 #: rows would be wrong (HiSparse keeps only a device-resident subset) or that serve a layer
@@ -40,15 +63,18 @@ class MissingCapabilityError(KVCacheError, ValueError):
     """The chosen (or named) pool lacks a capability the model's layers need."""
 
 
+# -- model.generate on a KVPoolCache -------------------------------------------------------
+
+
 @dataclass(frozen=True)
-class PoolChoice:
+class PoolNeeds:
     """The pool kind a model needs: its capabilities and why (for error messages)."""
 
     needs: frozenset[Capability]
     why: dict[Capability, str]
 
 
-def required_capabilities(layout: ModelLayout, page_size: int) -> PoolChoice:
+def required_capabilities(layout: ModelLayout, page_size: int) -> PoolNeeds:
     """What a pool must declare to serve ``layout`` (see the module docstring).
 
     :raises UnsupportedLayerError: The combination of layer kinds maps to no pool kind.
@@ -73,10 +99,10 @@ def required_capabilities(layout: ModelLayout, page_size: int) -> PoolChoice:
             f"no pool kind serves a model mixing {names} layers (supported: full attention, "
             "full + sliding-window, MLA latent only, full attention + Mamba)"
         )
-    return PoolChoice(frozenset(why), why)
+    return PoolNeeds(frozenset(why), why)
 
 
-def choose_pool(registry: Registry, name: str | None, choice: PoolChoice) -> str:
+def choose_pool_for_layout(registry: Registry, name: str | None, choice: PoolNeeds) -> str:
     """The accepted pool to build: ``name`` checked against ``choice``, or the best match.
 
     :raises UnknownPoolError: ``name`` is not an accepted pool.
@@ -101,7 +127,7 @@ def choose_pool(registry: Registry, name: str | None, choice: PoolChoice) -> str
     return min(candidates)[1]
 
 
-def _check_named(spec: PoolSpec, choice: PoolChoice) -> None:
+def _check_named(spec: PoolSpec, choice: PoolNeeds) -> None:
     missing = sorted(choice.needs - spec.capabilities, key=lambda c: c.value)
     if missing:
         reasons = "; ".join(f"{c.value} ({choice.why[c]})" for c in missing)
@@ -150,6 +176,10 @@ def pool_config(
         # The integration hands the pool only slots its own allocator returned; range-checking
         # them again on every write would read them back each layer-step.
         validate_write_slots=False,
+        # Pools that can keep rows head-major (``mha``) do: attention then reads a row's run
+        # of slots in place, each head contiguous, with no copy per step (other kinds ignore
+        # the option; see docs/integrations/transformers.md, "Performance").
+        options={"head_major": True},
     )
     if mla:
         rank, rope = _one({(p.head_dim, p.v_head_dim) for p in mla}, "latent widths")
@@ -181,3 +211,122 @@ def pool_config(
             mamba_dtype=layout.state_dtype,
         )
     return config
+
+
+# -- continuous batching ---------------------------------------------------------------------
+
+#: transformers' ``layer_types`` name (and paged-cache group) of full-attention layers.
+FULL_ATTENTION = "full_attention"
+#: transformers' ``layer_types`` name (and paged-cache group) of sliding-window layers.
+SLIDING_ATTENTION = "sliding_attention"
+
+#: Capabilities a pool may declare and still hold plain per-head K/V rows for every layer.
+_KV_CAPABILITIES = frozenset({Capability.OFFLOAD, Capability.PAGED, Capability.SLIDING_WINDOW})
+
+
+@dataclass(frozen=True)
+class PoolChoice:
+    """The pool a batching run uses: its registry name and spec, and the model's layer groups."""
+
+    name: str
+    spec: PoolSpec
+    registry: Registry
+    groups: Mapping[str, tuple[int, ...]]
+
+    @property
+    def windowed(self) -> bool:
+        """Whether the pool keeps the sliding layers in its own window slots."""
+        return Capability.SLIDING_WINDOW in self.spec.capabilities and bool(
+            self.groups.get(SLIDING_ATTENTION)
+        )
+
+
+def layer_groups(
+    layer_types: Sequence[str] | None, num_layers: int, sliding_window: object
+) -> dict[str, tuple[int, ...]]:
+    """Layer ids by attention type, as transformers' paged cache groups them.
+
+    A config without ``layer_types`` is all sliding when it names a window and all full
+    otherwise; any other layer type (linear attention, Mamba, ...) has no paged-cache group in
+    transformers' continuous batching and is refused by name.
+    """
+    if layer_types is None:
+        kind = SLIDING_ATTENTION if sliding_window is not None else FULL_ATTENTION
+        return {kind: tuple(range(num_layers))}
+    groups: dict[str, list[int]] = {}
+    for layer_id, kind in enumerate(layer_types):
+        if kind not in (FULL_ATTENTION, SLIDING_ATTENTION):
+            raise KVCacheError(
+                f"layer {layer_id} has type {kind!r}: continuous batching on kvcache pools serves "
+                f"only {FULL_ATTENTION!r} and {SLIDING_ATTENTION!r} layers"
+            )
+        groups.setdefault(kind, []).append(layer_id)
+    return {kind: tuple(ids) for kind, ids in groups.items()}
+
+
+def _serves_attention(spec: PoolSpec) -> bool:
+    return spec.capabilities <= _KV_CAPABILITIES and Capability.OFFLOAD in spec.capabilities
+
+
+def choose_batching_pool(
+    groups: Mapping[str, tuple[int, ...]],
+    pool: str | None,
+    registry: Registry | None,
+    *,
+    block_size: int,
+) -> PoolChoice:
+    """The pool to use: ``pool`` by name, or one picked from the layer groups by capability.
+
+    Sliding layers present: a pool declaring ``sliding-window`` (``swa`` first); otherwise an
+    MHA-kind pool (``mha`` first): one that declares ``offload`` and nothing beyond ``paged``.
+    Every choice must declare ``offload`` (block pressure moves requests out through it) and,
+    for ``block_size > 1``, ``paged`` (pages of ``block_size`` slots).
+
+    :raises KVCacheError: The model has only sliding layers, or no pool fits.
+    :raises UnknownPoolError: ``pool`` names no accepted pool.
+    """
+    if FULL_ATTENTION not in groups:
+        raise KVCacheError(
+            "every layer of this model is a sliding-window layer: transformers budgets such a "
+            "model by its window alone, while a kvcache pool keeps a full-attention slot for "
+            "every token, so block pressure could not be matched; not supported yet"
+        )
+    reg = registry if registry is not None else discover()
+    if pool is not None:
+        spec = reg.spec(pool)
+        _check_spec(pool, spec, block_size=block_size)
+        return PoolChoice(pool, spec, reg, dict(groups))
+    wants_window = bool(groups.get(SLIDING_ATTENTION))
+    preferred = "swa" if wants_window else "mha"
+    names = sorted(reg.names(), key=lambda n: (n != preferred, n))
+    for name in names:
+        spec = reg.spec(name)
+        if not _serves_attention(spec):
+            continue
+        if wants_window != (Capability.SLIDING_WINDOW in spec.capabilities):
+            continue
+        if block_size > 1 and Capability.PAGED not in spec.capabilities:
+            continue
+        return PoolChoice(name, spec, reg, dict(groups))
+    kind = "a sliding-window" if wants_window else "an MHA-kind"
+    raise UnknownPoolError(
+        f"no accepted pool is {kind} pool with the offload capability"
+        f"{' and paged allocation' if block_size > 1 else ''}; accepted: "
+        f"{', '.join(reg.names()) or 'none'}"
+    )
+
+
+def _check_spec(name: str, spec: PoolSpec, *, block_size: int) -> None:
+    missing = []
+    if Capability.OFFLOAD not in spec.capabilities:
+        missing.append("offload (block pressure moves requests to the host through it)")
+    if block_size > 1 and Capability.PAGED not in spec.capabilities:
+        missing.append(f"paged (block_size {block_size} needs pages of that many slots)")
+    if missing:
+        raise KVCacheError(f"pool {name!r} lacks the capability " + "; ".join(missing))
+    extra = sorted(str(c) for c in spec.capabilities - _KV_CAPABILITIES)
+    if extra:
+        raise KVCacheError(
+            f"pool {name!r} declares {', '.join(extra)}: its layers do not hold per-head keys "
+            "and values, which transformers' paged attention reads"
+        )

@@ -33,7 +33,7 @@ from ._hf_layers import (
 from ._hf_layout import LayerKind, ModelLayout, UnsupportedLayerError, probe_layout
 from ._hf_pool_choice import (
     MissingCapabilityError,
-    choose_pool,
+    choose_pool_for_layout,
     pool_config,
     required_capabilities,
 )
@@ -112,8 +112,10 @@ class KVPoolCache(Cache):
     Build it with [`for_model`][kvcache_core.integrations.transformers.KVPoolCache.for_model];
     use it for one ``generate`` call (or call ``release()`` to reuse it). Every attention layer
     writes its new tokens into the pool at slots the allocator handed out and reads the cached
-    ones back from the pool (see ``heads_of``: views of the pool's buffer for short one-row
-    contexts on consecutive slots and for single-head latents, one head-major copy otherwise).
+    ones back from the pool: a one-row batch on consecutive slots of a head-major pool (what
+    ``for_model`` builds an ``mha`` pool as) reads views, each head contiguous; otherwise see
+    ``heads_of`` (views for short one-row contexts on consecutive slots and for single-head
+    latents, one head-major copy otherwise).
     Mamba state is staged in ``[batch, ...]`` tensors that transformers updates in place and
     copied to the row's request slot in the pool before any offload (see
     docs/integrations/transformers.md).
@@ -125,9 +127,9 @@ class KVPoolCache(Cache):
     :param page_size: Slots per page (``> 1`` allocates through ``alloc_extend``/``alloc_decode``).
     """
 
-    #: From how many positions a one-row batch on consecutive slots is copied head-major
-    #: rather than read in place (see ``heads_of``): below it the copy costs more than SDPA's
-    #: strided read saves.
+    #: From how many positions a one-row batch on consecutive slots of a row-major pool is
+    #: copied head-major rather than read in place (see ``heads_of``): below it the copy costs
+    #: more than SDPA's strided read saves. A head-major pool is always read in place.
     copy_from = 256
 
     def __init__(
@@ -221,7 +223,7 @@ class KVPoolCache(Cache):
             registry = discover()
         layout = probe_layout(model)
         choice = required_capabilities(layout, page_size)
-        name = choose_pool(registry, pool, choice)
+        name = choose_pool_for_layout(registry, pool, choice)
         config = pool_config(
             layout, size=size, page_size=page_size, max_batch=max_batch, device=layout.device
         )
@@ -287,9 +289,10 @@ class KVPoolCache(Cache):
         start = rows.run_start
         if slots is None and start is not None:
             run = by_head[:, start + lo : start + hi].unsqueeze(0)
-            # One head (an MLA latent, MQA): the slice already is head-major, read in place;
-            # short contexts are too (a copy there costs more than the strided read).
-            if run.shape[1] == 1 or hi - lo < self.copy_from:
+            # Each head's slots contiguous (a head-major pool, one head as in an MLA latent or
+            # MQA): the slice already is what attention wants, read in place. Short contexts
+            # are too (a copy there costs more than the strided read).
+            if by_head.stride(1) == by_head.shape[-1] or hi - lo < self.copy_from:
                 return run
             return run.contiguous()
         index = rows.table[:, lo:hi].reshape(-1) if slots is None else slots

@@ -34,7 +34,7 @@ from ..discovery import Registry
 from ..errors import KVCacheError, UnsupportedDtypeError
 from ._batching_cache import BatchingStats, KVPoolPagedCache
 from ._batching_offload import KVPoolOffloading
-from ._batching_pool import SLIDING_ATTENTION, PoolChoice, choose_pool, layer_groups
+from ._hf_pool_choice import SLIDING_ATTENTION, PoolChoice, choose_batching_pool, layer_groups
 
 __all__ = [
     "BatchOutputs",
@@ -200,7 +200,7 @@ class KVPoolBatchingManager(ContinuousBatchingManager):
             int(text.num_hidden_layers),
             getattr(text, "sliding_window", None),
         )
-        choice = choose_pool(groups, pool, registry, block_size=block_size)
+        choice = choose_batching_pool(groups, pool, registry, block_size=block_size)
         _probe_pool(choice, text, block_size=block_size, dtype=model.dtype, device=model.device)
         self.pool_choice = choice
         """The pool this manager stores keys and values in, and why it was chosen."""

@@ -23,7 +23,7 @@ from transformers.generation.continuous_batching.cache import PagedAttentionCach
 
 from kvcache_core import Capability, KVCacheError, UnknownPoolError, UnsupportedDtypeError
 from kvcache_core.discovery import discover
-from kvcache_core.integrations import _batching_cache, _batching_pool
+from kvcache_core.integrations import _batching_cache, _hf_pool_choice
 from kvcache_core.integrations._batching_cache import BatchingStats
 from kvcache_core.integrations.transformers_batching import (
     BatchOutputs,
@@ -172,7 +172,9 @@ def test_a_read_of_transformers_arena_shows(llama_model, monkeypatch):
 
 
 def test_cache_swap_is_scoped_to_its_thread_and_undone_on_error(monkeypatch):
-    choice = _batching_pool.choose_pool({"full_attention": (0, 1)}, None, discover(), block_size=4)
+    choice = _hf_pool_choice.choose_batching_pool(
+        {"full_attention": (0, 1)}, None, discover(), block_size=4
+    )
     built = []
 
     def record(self, **kwargs):
@@ -287,21 +289,25 @@ def test_pool_storing_another_dtype_is_refused(llama_model):
 
 def test_layer_types_no_pool_serves_are_named():
     with pytest.raises(KVCacheError, match="layer 1 has type 'linear_attention'"):
-        _batching_pool.layer_groups(["full_attention", "linear_attention"], 2, None)
+        _hf_pool_choice.layer_groups(["full_attention", "linear_attention"], 2, None)
     with pytest.raises(KVCacheError, match="every layer of this model is a sliding-window"):
-        _batching_pool.choose_pool({"sliding_attention": (0, 1)}, None, discover(), block_size=4)
+        _hf_pool_choice.choose_batching_pool(
+            {"sliding_attention": (0, 1)}, None, discover(), block_size=4
+        )
 
 
 def test_default_pool_follows_layer_types_and_capabilities():
     registry = discover()
-    full = _batching_pool.choose_pool({"full_attention": (0, 1)}, None, registry, block_size=4)
-    mixed = _batching_pool.choose_pool(
+    full = _hf_pool_choice.choose_batching_pool(
+        {"full_attention": (0, 1)}, None, registry, block_size=4
+    )
+    mixed = _hf_pool_choice.choose_batching_pool(
         {"full_attention": (0,), "sliding_attention": (1,)}, None, registry, block_size=4
     )
     assert (full.name, full.windowed) == ("mha", False)
     assert (mixed.name, mixed.windowed) == ("swa", True)
     # Named explicitly, an MHA-kind pool serves sliding layers too (without window slots).
-    named = _batching_pool.choose_pool(
+    named = _hf_pool_choice.choose_batching_pool(
         {"full_attention": (0,), "sliding_attention": (1,)}, "mha", registry, block_size=4
     )
     assert not named.windowed

@@ -9,12 +9,15 @@ with one defect each: the same harness must see them differ.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 import torch
 
 from kvcache_core import discover
+from kvcache_core.integrations._hf_layout import probe_layout
+from kvcache_core.integrations._hf_pool_choice import pool_config
 from kvcache_core.integrations.transformers import KVPoolCache
 
 from . import hf_broken_pools
@@ -56,12 +59,18 @@ def test_identical_to_dynamic_cache_through_retractions(
     assert identical(got, want)
 
 
-@pytest.mark.parametrize("name", ["llama", "bamba"])
-def test_sampled_generation_is_identical(tiny: Any, name: str) -> None:
-    model = tiny(name)
-    want = reference(model, 2, sample=True)
-    got, cache, _ = retracting_run(model, 2, sample=True)
-    assert cache.retractions == 3
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_sampled_generation_is_identical(
+    tiny: Any, name: str, dtype: torch.dtype, batch: int
+) -> None:
+    """Seeded sampling (the same seed before each run) draws the same tokens from the same
+    logits, through three retractions, in both dtypes."""
+    model = tiny(name, dtype)
+    want = reference(model, batch, sample=True)
+    got, cache, retractor = retracting_run(model, batch, sample=True)
+    assert cache.retractions == 3 and retractor.moved == [True, True, True]
     assert identical(got, want)
 
 
@@ -134,14 +143,28 @@ def test_a_sliding_only_model_runs_on_an_mha_kind_pool() -> None:
     assert identical(got, want)
 
 
+@pytest.mark.parametrize("head_major", [False, True], ids=["row-major", "head-major"])
 @pytest.mark.parametrize("copy_from", [0, 10**9])
-def test_in_place_and_copied_reads_are_both_identical(tiny: Any, copy_from: int) -> None:
-    """A one-row batch on consecutive slots is read in place below ``copy_from`` positions and
-    copied head-major from there on: both give ``DynamicCache``'s logits."""
+def test_in_place_and_copied_reads_are_both_identical(
+    tiny: Any, copy_from: int, head_major: bool
+) -> None:
+    """A one-row batch on consecutive slots is read in place (a head-major pool always; a
+    row-major one below ``copy_from`` positions) or copied head-major out of a row-major pool:
+    every path gives ``DynamicCache``'s logits."""
     model = tiny("llama")
     want = reference(model, 1)
-    cache = KVPoolCache.for_model(model, size=96)
+    layout = probe_layout(model)
+    config = pool_config(layout, size=96, page_size=1, max_batch=1, device=layout.device)
+    pool, allocator = discover().create("mha", replace(config, options={"head_major": head_major}))
+    cache = KVPoolCache(layout, pool, allocator, "mha")
     cache.copy_from = copy_from
     got = generate(model, cache, 1)
     assert cache.rows.run_start is not None  # the read path under test was taken
     assert identical(got, want)
+
+
+def test_for_model_builds_an_mha_pool_head_major(tiny: Any) -> None:
+    """What the per-step read relies on: each head's slots contiguous, read as a view."""
+    cache = KVPoolCache.for_model(tiny("llama"), size=16)
+    assert cache.pool.head_major
+    assert cache.pool.get_key_buffer(0).transpose(0, 1).is_contiguous()
