@@ -24,11 +24,12 @@ What is and is not atomic:
 
 Bounded time: socket timeouts as for the Redis store (``?timeout=``, default 5 s;
 ``?connect_timeout=``, default 2 s), one retry of a command after a connection error (redis-py
-re-reads the slot map first), and the slot map is only ever re-read from the seed in the URL
-(``dynamic_startup_nodes=False``), so a call to a dead or hung cluster costs about two timeouts,
-never one per node. The seed should be the service's configuration endpoint, which outlives any
-single node. A node that is down (or a cluster that reports ``CLUSTERDOWN``, or no node that
-serves a key's slot) raises [`StoreUnavailableError`][kvcache_core.StoreUnavailableError].
+re-reads the slot map first), and the slot map is re-read from the seed in the URL only
+(``dynamic_startup_nodes=False``, not from every known node in turn), so a call to a dead or
+hung cluster costs about two timeouts, never one per node. The seed should be the service's
+configuration endpoint, which outlives any single node. A node that is down, a node that
+answers ``CLUSTERDOWN``, or a slot map that leaves slots unserved raises
+[`StoreUnavailableError`][kvcache_core.StoreUnavailableError].
 
 redis-py is imported when a store is opened. Opening one connects to the seed to read the slot
 map, so a seed that does not answer, or a server not in cluster mode, is reported at once.
@@ -64,28 +65,20 @@ class RedisClusterStore(RedisStore):
     def __repr__(self) -> str:
         return f"RedisClusterStore({self.where})"
 
-    def _translate(self, what: str, exc: BaseException, redis: Any) -> StoreError:
-        """A node that is down, a cluster that reports itself down, or a slot no node serves:
-        the store is unavailable (as one Redis server that does not answer); anything else is
-        refused."""
+    def _unavailable(self, exc: BaseException, redis: Any) -> bool:
+        """A node that is down, a node that reports the cluster down (``CLUSTERDOWN``), a slot
+        no node serves, or a slot map that cannot be read whole: the store is unavailable, as
+        one Redis server that does not answer."""
         e = redis.exceptions
-        unavailable = (
-            e.ConnectionError,
-            e.TimeoutError,
-            OSError,
-            e.ClusterDownError,
-            e.TryAgainError,
-            e.SlotNotCoveredError,
+        down = (e.ClusterDownError, e.SlotNotCoveredError)
+        no_map = isinstance(exc, e.RedisClusterException) and (
+            "cannot be connected" in str(exc) or "not covered" in str(exc)
         )
-        cannot_connect = isinstance(exc, e.RedisClusterException) and "cannot be connected" in str(
-            exc
-        )
-        if isinstance(exc, unavailable) or cannot_connect:
-            return StoreUnavailableError(
-                f"{self.where} did not answer {what} (timeout {self.timeout:g} s): "
-                f"{type(exc).__name__}: {exc}"
-            )
-        return StoreError(f"{self.where} refused {what}: {type(exc).__name__}: {exc}")
+        return super()._unavailable(exc, redis) or isinstance(exc, down) or no_map
+
+    def _hint(self, exc: BaseException, redis: Any) -> str:
+        """No hint: this store is the one for a cluster."""
+        return ""
 
     def put_many(self, items: Mapping[str, bytes], *, ttl: float | None = None) -> None:
         """One ``SET`` per key (with ``PX`` for a ttl), one pipeline per node: each value atomic,
@@ -149,7 +142,8 @@ def open_redis_cluster(url: str) -> RedisClusterStore:
     :raises StoreError: A malformed URL, a password in the URL, an unknown option, a database
         other than 0 (a cluster has no others), a seed that is not in cluster mode, or redis-py
         not installed.
-    :raises StoreUnavailableError: The seed does not answer within the timeouts.
+    :raises StoreUnavailableError: The seed does not answer within the timeouts, or its slot
+        map leaves slots unserved.
     """
     target = parse_redis_url(url, SCHEMES)
     if target.db != 0:
@@ -183,7 +177,7 @@ def open_redis_cluster(url: str) -> RedisClusterStore:
         if isinstance(exc, (redis.exceptions.AuthenticationError, redis.exceptions.ResponseError)):
             raise StoreError(f"{where} refused the connection: {message}") from None
         raise StoreUnavailableError(
-            f"{where} did not answer when asked for the slot map (timeout "
+            f"{where} did not give a complete slot map (timeout "
             f"{target.connect_timeout:g} s to connect, {target.timeout:g} s per call): {message}"
         ) from None
     return RedisClusterStore(client, where=where, prefix=target.prefix, timeout=target.timeout)

@@ -86,22 +86,28 @@ class RedisStore:
     def _translate(self, what: str, exc: BaseException, redis: Any) -> StoreError:
         """The store error for ``exc``, raised by redis-py during ``what`` (no traceback
         chained: a redis-py frame may hold the connection's arguments)."""
-        if isinstance(
-            exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
-        ):
+        name = f"{type(exc).__name__}: {exc}"
+        if self._unavailable(exc, redis):
             return StoreUnavailableError(
-                f"{self.where} did not answer {what} (timeout {self.timeout:g} s): "
-                f"{type(exc).__name__}: {exc}"
+                f"{self.where} did not answer {what} (timeout {self.timeout:g} s): {name}"
             )
-        if isinstance(exc, _cluster_errors(redis)):
-            return StoreError(
-                f"{self.where} refused {what}: {type(exc).__name__}: {exc}: the server runs in "
-                "cluster mode (sharded), and this store talks to one non-sharded endpoint: open "
-                "it as redis+cluster://HOST:PORT (rediss+cluster:// for TLS), or use the "
-                "service's primary endpoint with cluster mode disabled (see 'Running against a "
-                "managed Redis or Valkey' in the snapshot-store docs)"
-            )
-        return StoreError(f"{self.where} refused {what}: {type(exc).__name__}: {exc}")
+        return StoreError(f"{self.where} refused {what}: {name}{self._hint(exc, redis)}")
+
+    def _unavailable(self, exc: BaseException, redis: Any) -> bool:
+        """Whether ``exc`` means the server did not answer (rather than refused the call)."""
+        e = redis.exceptions
+        return isinstance(exc, (e.ConnectionError, e.TimeoutError, OSError))
+
+    def _hint(self, exc: BaseException, redis: Any) -> str:
+        """What to do instead, appended to a refusal: here, for a cluster-mode server."""
+        if not isinstance(exc, _cluster_errors(redis)):
+            return ""
+        return (
+            ": the server runs in cluster mode (sharded), and this store talks to one "
+            "non-sharded endpoint: open it as redis+cluster://HOST:PORT (rediss+cluster:// for "
+            "TLS), or use the service's primary endpoint with cluster mode disabled (see "
+            "'Running against a managed Redis or Valkey' in the snapshot-store docs)"
+        )
 
     def _key(self, key: str) -> str:
         return self.prefix + check_key(key)

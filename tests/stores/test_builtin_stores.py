@@ -204,6 +204,7 @@ def test_a_cluster_mode_server_is_named_as_such(tmp_path: Path) -> None:
                 store.put("k", b"v")
             assert "CLUSTERDOWN" in str(info.value) or "ClusterDownError" in str(info.value)
             assert "primary endpoint with cluster mode disabled" in str(info.value)
+            assert "open it as redis+cluster://HOST:PORT" in str(info.value)
             with pytest.raises(StoreError, match="cluster mode"):
                 store.get("k")
         finally:

@@ -18,10 +18,11 @@ import redis
 
 from kvcache_core.cli import main
 from kvcache_core.errors import StoreError, StoreUnavailableError
-from kvcache_core.stores import open_store
+from kvcache_core.stores import discover_stores, open_store
 from kvcache_core.stores.battery import run_store_check
 from kvcache_core.stores.local_redis import LocalRedis, LocalRedisCluster, redis_server_path
-from kvcache_plugins.stores.redis_cluster import RedisClusterStore
+from kvcache_plugins.stores.redis_cluster import SCHEMES, RedisClusterStore
+from kvcache_plugins.stores.redis_store import parse_redis_url
 
 # One worker runs the module, so `make unit` starts the cluster once.
 pytestmark = pytest.mark.xdist_group("redis-cluster")
@@ -104,6 +105,10 @@ def test_a_moved_slot_is_followed(cluster: LocalRedisCluster) -> None:
         clients[src].execute_command(
             "MIGRATE", "127.0.0.1", cluster.nodes[dst].port, "", 0, 5000, "KEYS", name
         )
+        # Mid-migration the old node answers ASK for the key it no longer has: followed.
+        with pytest.raises(redis.exceptions.AskError):
+            clients[src].get(name)
+        assert store.get("k") == b"before the move"
         for client in clients:
             client.execute_command("CLUSTER SETSLOT", slot, "NODE", dst_id)
         with pytest.raises(redis.exceptions.MovedError):
@@ -181,6 +186,49 @@ def test_the_whole_cluster_paused_then_killed_passes_the_outage_check(
     assert result.status == "passed", str(result)
 
 
+def test_a_slot_no_node_serves_makes_the_store_unavailable(cluster: LocalRedisCluster) -> None:
+    """The seed drops a slot (as a cluster that lost a shard): every call reports the store
+    unavailable, not refused, and works again once the slot is served."""
+    store = _open(cluster, "down")
+    store.put("k", b"v")
+    # Another node drops one of its slots: it answers CLUSTERDOWN for all of its keys.
+    on_1 = next(k for k in (f"n{i}" for i in range(100)) if _owner(cluster, f"down:{k}") == 1)
+    store.put(on_1, b"on node 1")
+    with cluster.node_client(1) as node:
+        slot = int(node.execute_command("CLUSTER KEYSLOT", f"down:{on_1}"))
+        other = next(s for s in range(5461, 10922) if s != slot)  # node 1 serves these
+        node.execute_command("CLUSTER DELSLOTS", other)
+        try:
+            with pytest.raises(StoreUnavailableError, match="ClusterDownError"):
+                store.get(on_1)
+        finally:
+            node.execute_command("CLUSTER ADDSLOTS", other)
+            cluster.wait_ok()
+    assert store.get(on_1) == b"on node 1"
+    with cluster.node_client(0) as seed:
+        slot = 5  # one of node 0's slots
+        seed.execute_command("CLUSTER DELSLOTS", slot)
+        try:
+            with pytest.raises(StoreUnavailableError, match="not covered"):
+                store.get("k")
+            with pytest.raises(StoreUnavailableError, match="complete slot map"):
+                open_store(cluster.url)
+        finally:
+            seed.execute_command("CLUSTER ADDSLOTS", slot)
+            cluster.wait_ok()
+    assert store.get("k") == b"v"
+    store.delete("k")
+    store.close()
+
+
+def test_the_store_is_discovered_under_both_schemes() -> None:
+    registry = discover_stores()
+    assert registry.schemes()["redis+cluster"] == "redis-cluster"
+    assert registry.schemes()["rediss+cluster"] == "redis-cluster"
+    assert parse_redis_url("rediss+cluster://h:7000", SCHEMES).tls
+    assert not parse_redis_url("redis+cluster://h:7000", SCHEMES).tls
+
+
 def test_a_plain_redis_url_on_a_cluster_points_at_the_cluster_scheme(
     cluster: LocalRedisCluster,
 ) -> None:
@@ -222,7 +270,7 @@ def test_bad_cluster_urls_are_refused_before_connecting(url: str, words: str) ->
 def test_an_unreachable_seed_is_unavailable_at_once(cluster: LocalRedisCluster) -> None:
     dead = LocalRedis()  # a free port nobody listens on
     began = time.monotonic()
-    with pytest.raises(StoreUnavailableError, match="did not answer when asked for the slot map"):
+    with pytest.raises(StoreUnavailableError, match="did not give a complete slot map"):
         open_store(f"redis+cluster://127.0.0.1:{dead.port}?connect_timeout=1")
     assert time.monotonic() - began < 3
     dead.stop()
