@@ -179,6 +179,32 @@ def test_a_node_killed_mid_batch_fails_alone_within_the_timeout(
     store.close()
 
 
+def test_a_hung_node_costs_about_two_timeouts_and_the_store_recovers(
+    cluster: LocalRedisCluster,
+) -> None:
+    """A node stops answering (SIGSTOP): a call for one of its keys waits for the timeout,
+    re-reads the slot map from the seed and tries once more, then raises; it does not retry
+    on and on. Once the node answers again, so does the store."""
+    timeout = 0.5
+    url = f"redis+cluster://127.0.0.1:{cluster.nodes[0].port}?timeout={timeout}&prefix=hung:"
+    store = open_store(url)
+    key = next(k for k in (f"h{i}" for i in range(100)) if _owner(cluster, f"hung:{k}") == 2)
+    store.put(key, b"kept")
+    cluster.nodes[2].pause()
+    try:
+        began = time.monotonic()
+        with pytest.raises(StoreUnavailableError, match="TimeoutError"):
+            store.get(key)
+        took = time.monotonic() - began
+    finally:
+        cluster.nodes[2].resume()
+    # One retry: two timeouts (redis-py's default, three retries, would take four).
+    assert timeout * 2 <= took <= timeout * 3.5, f"{took:.2f} s"
+    assert store.get(key) == b"kept"
+    store.delete(key)
+    store.close()
+
+
 def test_the_whole_cluster_paused_then_killed_passes_the_outage_check(
     cluster: LocalRedisCluster,
 ) -> None:
