@@ -76,9 +76,9 @@ class RedisClusterStore(RedisStore):
         )
         return super()._unavailable(exc, redis) or isinstance(exc, down) or no_map
 
-    def _hint(self, exc: BaseException, redis: Any) -> str:
-        """No hint: this store is the one for a cluster."""
-        return ""
+    def _means_cluster_mode(self, exc: BaseException, redis: Any) -> bool:
+        """Never worth a hint here: this store is the one for a cluster."""
+        return False
 
     def put_many(self, items: Mapping[str, bytes], *, ttl: float | None = None) -> None:
         """One ``SET`` per key (with ``PX`` for a ttl), one pipeline per node: each value atomic,

@@ -91,23 +91,25 @@ class RedisStore:
             return StoreUnavailableError(
                 f"{self.where} did not answer {what} (timeout {self.timeout:g} s): {name}"
             )
-        return StoreError(f"{self.where} refused {what}: {name}{self._hint(exc, redis)}")
+        hint = ""
+        if self._means_cluster_mode(exc, redis):
+            hint = (
+                ": the server runs in cluster mode (sharded), and this store talks to one "
+                "non-sharded endpoint: open it as redis+cluster://HOST:PORT (rediss+cluster:// "
+                "for TLS), or use the service's primary endpoint with cluster mode disabled (see "
+                "'Running against a managed Redis or Valkey' in the snapshot-store docs)"
+            )
+        return StoreError(f"{self.where} refused {what}: {name}{hint}")
 
     def _unavailable(self, exc: BaseException, redis: Any) -> bool:
         """Whether ``exc`` means the server did not answer (rather than refused the call)."""
         e = redis.exceptions
         return isinstance(exc, (e.ConnectionError, e.TimeoutError, OSError))
 
-    def _hint(self, exc: BaseException, redis: Any) -> str:
-        """What to do instead, appended to a refusal: here, for a cluster-mode server."""
-        if not isinstance(exc, _cluster_errors(redis)):
-            return ""
-        return (
-            ": the server runs in cluster mode (sharded), and this store talks to one "
-            "non-sharded endpoint: open it as redis+cluster://HOST:PORT (rediss+cluster:// for "
-            "TLS), or use the service's primary endpoint with cluster mode disabled (see "
-            "'Running against a managed Redis or Valkey' in the snapshot-store docs)"
-        )
+    def _means_cluster_mode(self, exc: BaseException, redis: Any) -> bool:
+        """Whether ``exc`` is a reply only a cluster-mode server gives (``MOVED``,
+        ``CLUSTERDOWN``, ``CROSSSLOT``): the refusal then says which store to use instead."""
+        return isinstance(exc, _cluster_errors(redis))
 
     def _key(self, key: str) -> str:
         return self.prefix + check_key(key)
