@@ -168,6 +168,7 @@ def test_no_store_module_imports_torch() -> None:
 
     code = (
         "import sys, kvcache_core.stores, kvcache_plugins.stores.redis_store, "
+        "kvcache_plugins.stores.redis_cluster, kvcache_core.stores.local_redis, "
         "kvcache_plugins.stores.directory, kvcache_core.stores._workers; "
         "print('torch' in sys.modules)"
     )
