@@ -42,7 +42,6 @@ from typing import Any
 
 from kvcache_core import StoreError, StoreSpec, StoreUnavailableError, hookimpl
 
-from ._common import check_ttl, check_value
 from .redis_store import RedisStore, import_redis, one_quick_retry, parse_redis_url
 
 __all__ = ["RedisClusterStore", "kvcache_store_specs", "open_redis_cluster"]
@@ -83,25 +82,15 @@ class RedisClusterStore(RedisStore):
     def put_many(self, items: Mapping[str, bytes], *, ttl: float | None = None) -> None:
         """One ``SET`` per key (with ``PX`` for a ttl), one pipeline per node: each value atomic,
         the batch not (see the module doc)."""
-        seconds = check_ttl(ttl)
-        checked = [(self._key(k), check_value(v)) for k, v in items.items()]
-        if not checked:
-            return
-        px = None if seconds is None else max(1, round(seconds * 1000))
-        if len(checked) == 1:
-            name, value = checked[0]
-            self._call(
-                f"SET {name[len(self.prefix) :]!r}", lambda: self._client.set(name, value, px=px)
-            )
-            return
+        super().put_many(items, ttl=ttl)
 
-        def pipeline() -> None:
-            pipe = self._client.pipeline()
-            for name, value in checked:
-                pipe.set(name, value, px=px)
-            pipe.execute()
-
-        self._call(f"SET of {len(checked)} keys", pipeline)
+    def _set_batch(self, items: Sequence[tuple[str, bytes]], px: int | None) -> None:
+        """Keys of several slots: no transaction spans them, so a plain pipeline, which
+        redis-py splits into one per node."""
+        pipe = self._client.pipeline()
+        for name, value in items:
+            pipe.set(name, value, px=px)
+        pipe.execute()
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         """One ``GET`` per key, one pipeline per node, values in the order of ``keys``."""

@@ -147,13 +147,14 @@ class RedisStore:
             )
             return
 
-        def transaction() -> None:
-            pipe = self._client.pipeline(transaction=True)
-            for name, value in checked:
-                pipe.set(name, value, px=px)
-            pipe.execute()
+        self._call(f"SET of {len(checked)} keys", lambda: self._set_batch(checked, px))
 
-        self._call(f"SET of {len(checked)} keys", transaction)
+    def _set_batch(self, items: Sequence[tuple[str, bytes]], px: int | None) -> None:
+        """Several ``SET``s in one ``MULTI``/``EXEC``: all stored or none."""
+        pipe = self._client.pipeline(transaction=True)
+        for name, value in items:
+            pipe.set(name, value, px=px)
+        pipe.execute()
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         """One ``MGET``."""
