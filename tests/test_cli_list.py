@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 BUILTINS = ["dsa", "hisparse", "mamba", "mha", "mla", "swa"]
-BUILTIN_STORES = ["dir", "memory", "redis"]
+BUILTIN_STORES = ["dir", "memory", "redis", "redis-cluster"]
 
 # A store plugin whose class lacks most of the SnapshotStore methods (contract drift), and one
 # whose second store claims the ``dir:`` scheme the built-in directory store opens.
@@ -134,6 +134,7 @@ def test_json_lists_every_builtin_accepted_and_exits_0():
         ["dir"],
         ["memory"],
         ["redis", "rediss"],
+        ["redis+cluster", "rediss+cluster"],
     ]
     redis = stores["redis"]
     assert redis["status"] == "accepted" and redis["reason"] is None
@@ -156,10 +157,12 @@ def test_text_names_distribution_and_status_and_exits_0():
         in lines
     )
     assert lines[1 + len(BUILTINS) :] == [  # no reason, warning or note lines
-        "snapshot stores: 3 accepted, 0 rejected, 0 skipped",
+        "snapshot stores: 4 accepted, 0 rejected, 0 skipped",
         "  accepted dir        plugin=dir dist=kvcache 0.1.0 schemes=dir:",
         "  accepted memory     plugin=memory dist=kvcache 0.1.0 schemes=memory:",
         "  accepted redis      plugin=redis dist=kvcache 0.1.0 schemes=redis:,rediss:",
+        "  accepted redis-cluster plugin=redis-cluster dist=kvcache 0.1.0 "
+        "schemes=redis+cluster:,rediss+cluster:",
     ]
 
 
@@ -288,7 +291,7 @@ def test_store_plugins_rejected_and_skipped_are_listed_with_the_reason(
     code, out = listed()
     assert code == 1, out
     lines = out.splitlines()
-    first = lines.index("snapshot stores: 2 accepted, 4 rejected, 1 skipped")
+    first = lines.index("snapshot stores: 3 accepted, 4 rejected, 1 skipped")
     stores = lines[first + 1 :]
     assert "  accepted mine       plugin=clash dist=kv-clash 1.0 schemes=mine:" in stores
     i = stores.index("  rejected half       plugin=half dist=kv-halfstore 0.3 schemes=-")

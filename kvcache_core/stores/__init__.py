@@ -4,8 +4,9 @@ instance (another process, another machine) can resume it.
 The contract is [`SnapshotStore`][kvcache_core.stores.SnapshotStore] (bytes under string keys);
 stores are plugins in the ``kvcache.stores`` entry-point group, found and validated by
 [`discover_stores`][kvcache_core.stores.discover_stores] as pools are by ``discover``. The
-built-in ones (in ``kvcache_plugins.stores``) are ``memory:``, ``dir:PATH`` and
-``redis://HOST:PORT/DB``. Importing this package does not import torch.
+built-in ones (in ``kvcache_plugins.stores``) are ``memory:``, ``dir:PATH``,
+``redis://HOST:PORT/DB`` and ``redis+cluster://HOST:PORT`` (a sharded cluster). Importing
+this package does not import torch.
 """
 
 from .discovery import (

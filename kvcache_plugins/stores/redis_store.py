@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
@@ -31,7 +32,16 @@ from kvcache_core import StoreError, StoreSpec, StoreUnavailableError, hookimpl
 
 from ._common import check_key, check_ttl, check_value
 
-__all__ = ["DEFAULT_PASSWORD_ENV", "RedisStore", "kvcache_store_specs", "open_redis"]
+__all__ = [
+    "DEFAULT_PASSWORD_ENV",
+    "RedisStore",
+    "RedisURL",
+    "import_redis",
+    "kvcache_store_specs",
+    "one_quick_retry",
+    "open_redis",
+    "parse_redis_url",
+]
 
 #: The environment variable a Redis password is read from unless ``?password_env=`` names another.
 DEFAULT_PASSWORD_ENV = "KVCACHE_REDIS_PASSWORD"
@@ -65,21 +75,41 @@ class RedisStore:
 
         try:
             return action()
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
-            raise StoreUnavailableError(
-                f"{self.where} did not answer {what} (timeout {self.timeout:g} s): "
-                f"{type(exc).__name__}: {exc}"
-            ) from None
-        except _cluster_errors(redis) as exc:
-            raise StoreError(
-                f"{self.where} refused {what}: {type(exc).__name__}: {exc}: the server runs in "
-                "cluster mode (sharded), and this store talks to one non-sharded endpoint: use "
-                "the service's primary endpoint with cluster mode disabled, or a store plugin "
-                "built on redis-py's RedisCluster (see 'Running against a managed Redis or "
-                "Valkey' in the snapshot-store docs)"
-            ) from None
-        except redis.exceptions.RedisError as exc:
-            raise StoreError(f"{self.where} refused {what}: {type(exc).__name__}: {exc}") from None
+        # RedisClusterException is not a RedisError: a cluster client's own failures.
+        except (
+            redis.exceptions.RedisError,
+            redis.exceptions.RedisClusterException,
+            OSError,
+        ) as exc:
+            raise self._translate(what, exc, redis) from None
+
+    def _translate(self, what: str, exc: BaseException, redis: Any) -> StoreError:
+        """The store error for ``exc``, raised by redis-py during ``what`` (no traceback
+        chained: a redis-py frame may hold the connection's arguments)."""
+        name = f"{type(exc).__name__}: {exc}"
+        if self._unavailable(exc, redis):
+            return StoreUnavailableError(
+                f"{self.where} did not answer {what} (timeout {self.timeout:g} s): {name}"
+            )
+        hint = ""
+        if self._means_cluster_mode(exc, redis):
+            hint = (
+                ": the server runs in cluster mode (sharded), and this store talks to one "
+                "non-sharded endpoint: open it as redis+cluster://HOST:PORT (rediss+cluster:// "
+                "for TLS), or use the service's primary endpoint with cluster mode disabled (see "
+                "'Running against a managed Redis or Valkey' in the snapshot-store docs)"
+            )
+        return StoreError(f"{self.where} refused {what}: {name}{hint}")
+
+    def _unavailable(self, exc: BaseException, redis: Any) -> bool:
+        """Whether ``exc`` means the server did not answer (rather than refused the call)."""
+        e = redis.exceptions
+        return isinstance(exc, (e.ConnectionError, e.TimeoutError, OSError))
+
+    def _means_cluster_mode(self, exc: BaseException, redis: Any) -> bool:
+        """Whether ``exc`` is a reply only a cluster-mode server gives (``MOVED``,
+        ``CLUSTERDOWN``, ``CROSSSLOT``): the refusal then says which store to use instead."""
+        return isinstance(exc, _cluster_errors(redis))
 
     def _key(self, key: str) -> str:
         return self.prefix + check_key(key)
@@ -117,13 +147,14 @@ class RedisStore:
             )
             return
 
-        def transaction() -> None:
-            pipe = self._client.pipeline(transaction=True)
-            for name, value in checked:
-                pipe.set(name, value, px=px)
-            pipe.execute()
+        self._call(f"SET of {len(checked)} keys", lambda: self._set_batch(checked, px))
 
-        self._call(f"SET of {len(checked)} keys", transaction)
+    def _set_batch(self, items: Sequence[tuple[str, bytes]], px: int | None) -> None:
+        """Several ``SET``s in one ``MULTI``/``EXEC``: all stored or none."""
+        pipe = self._client.pipeline(transaction=True)
+        for name, value in items:
+            pipe.set(name, value, px=px)
+        pipe.execute()
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         """One ``MGET``."""
@@ -167,16 +198,50 @@ def _seconds(options: dict[str, list[str]], name: str, default: float) -> float:
     return value
 
 
-def open_redis(url: str) -> RedisStore:
-    """Open ``redis://[USER@]HOST[:PORT][/DB][?timeout=S&connect_timeout=S&password_env=VAR&prefix=P]``
-    (``rediss://`` for TLS). The password is read from the environment only.
+@dataclass(frozen=True)
+class RedisURL:
+    """A parsed ``redis://`` (or ``redis+cluster://``) URL plus the password from the
+    environment: one parser for both Redis stores, so they accept the same options and refuse
+    the same mistakes with the same words."""
 
-    :raises StoreError: A malformed URL, a password in the URL, an unknown option, or redis-py
-        not installed (``pip install 'kvcache[redis]'``).
+    scheme: str
+    """The URL's scheme (``redis``, ``rediss``, ``redis+cluster``, ``rediss+cluster``)."""
+    host: str
+    """The server's (or the cluster seed's) host name."""
+    port: int
+    """Its port (6379 when the URL names none)."""
+    db: int
+    """The database number (a cluster has only database 0)."""
+    username: str | None
+    """The ACL user from the URL, if any."""
+    password: str | None = field(repr=False)
+    """The password read from the environment (never from the URL, never in a ``repr``)."""
+    tls: bool
+    """True for the ``rediss`` schemes."""
+    timeout: float
+    """Socket timeout per call, seconds."""
+    connect_timeout: float
+    """Connect timeout, seconds."""
+    prefix: str
+    """Prepended to every key."""
+
+    @property
+    def where(self) -> str:
+        """``scheme://host:port/db``, without credentials or options, for messages."""
+        return f"{self.scheme}://{self.host}:{self.port}/{self.db}"
+
+
+def parse_redis_url(url: str, schemes: tuple[str, str] = ("redis", "rediss")) -> RedisURL:
+    """Parse ``SCHEME://[USER@]HOST[:PORT][/DB][?timeout=S&connect_timeout=S&password_env=VAR&prefix=P]``
+    for one of ``schemes`` (plain, then TLS) and read the password from the environment.
+
+    :raises StoreError: Another scheme, a password in the URL, an unknown option, a bad port,
+        database or timeout.
     """
     parts = urlsplit(url)
-    if parts.scheme not in ("redis", "rediss"):
-        raise StoreError(f"not a redis:// or rediss:// URL (scheme {parts.scheme!r})")
+    if parts.scheme not in schemes:
+        wanted = " or ".join(f"{s}://" for s in schemes)
+        raise StoreError(f"not a {wanted} URL (scheme {parts.scheme!r})")
     if parts.password is not None:
         raise StoreError(
             "the redis URL carries a password: kvcache reads it from the environment "
@@ -194,33 +259,60 @@ def open_redis(url: str) -> RedisStore:
     path = parts.path.strip("/") or "0"
     if not path.isdigit():
         raise StoreError(f"redis URL database must be a number, got {path!r}")
-    host = parts.hostname or "localhost"
-    timeout = _seconds(options, "timeout", 5.0)
-    connect_timeout = _seconds(options, "connect_timeout", 2.0)
     env = options.get("password_env", [DEFAULT_PASSWORD_ENV])[-1]
-    password = os.environ.get(env) or None
-    prefix = options.get("prefix", ["kvcache:"])[-1]
-    try:
-        import redis
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
-    except ImportError:
-        raise StoreError("the redis store needs redis-py: pip install 'kvcache[redis]'") from None
-    client = redis.Redis(
-        host=host,
+    return RedisURL(
+        scheme=parts.scheme,
+        host=parts.hostname or "localhost",
         port=port,
         db=int(path),
         username=parts.username or None,
-        password=password,
-        ssl=parts.scheme == "rediss",
-        socket_timeout=timeout,
-        socket_connect_timeout=connect_timeout,
-        # One immediate retry for a dropped connection (a restarted server); none for a
-        # timeout, so a hung server costs one timeout, not several.
-        retry=Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,)),
+        password=os.environ.get(env) or None,
+        tls=parts.scheme == schemes[1],
+        timeout=_seconds(options, "timeout", 5.0),
+        connect_timeout=_seconds(options, "connect_timeout", 2.0),
+        prefix=options.get("prefix", ["kvcache:"])[-1],
     )
-    where = f"{parts.scheme}://{host}:{port}/{path}"
-    return RedisStore(client, where=where, prefix=prefix, timeout=timeout)
+
+
+def import_redis() -> Any:
+    """redis-py, or a ``StoreError`` saying how to install it."""
+    try:
+        import redis
+    except ImportError:
+        raise StoreError("the redis store needs redis-py: pip install 'kvcache[redis]'") from None
+    return redis
+
+
+def one_quick_retry(redis: Any) -> Any:
+    """One immediate retry for a dropped connection (a restarted server); none for a timeout,
+    so a hung server costs one timeout, not several."""
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    return Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,))
+
+
+def open_redis(url: str) -> RedisStore:
+    """Open ``redis://[USER@]HOST[:PORT][/DB][?timeout=S&connect_timeout=S&password_env=VAR&prefix=P]``
+    (``rediss://`` for TLS). The password is read from the environment only.
+
+    :raises StoreError: A malformed URL, a password in the URL, an unknown option, or redis-py
+        not installed (``pip install 'kvcache[redis]'``).
+    """
+    target = parse_redis_url(url)
+    redis = import_redis()
+    client = redis.Redis(
+        host=target.host,
+        port=target.port,
+        db=target.db,
+        username=target.username,
+        password=target.password,
+        ssl=target.tls,
+        socket_timeout=target.timeout,
+        socket_connect_timeout=target.connect_timeout,
+        retry=one_quick_retry(redis),
+    )
+    return RedisStore(client, where=target.where, prefix=target.prefix, timeout=target.timeout)
 
 
 @hookimpl

@@ -168,6 +168,7 @@ def test_no_store_module_imports_torch() -> None:
 
     code = (
         "import sys, kvcache_core.stores, kvcache_plugins.stores.redis_store, "
+        "kvcache_plugins.stores.redis_cluster, kvcache_core.stores.local_redis, "
         "kvcache_plugins.stores.directory, kvcache_core.stores._workers; "
         "print('torch' in sys.modules)"
     )
@@ -204,6 +205,7 @@ def test_a_cluster_mode_server_is_named_as_such(tmp_path: Path) -> None:
                 store.put("k", b"v")
             assert "CLUSTERDOWN" in str(info.value) or "ClusterDownError" in str(info.value)
             assert "primary endpoint with cluster mode disabled" in str(info.value)
+            assert "open it as redis+cluster://HOST:PORT" in str(info.value)
             with pytest.raises(StoreError, match="cluster mode"):
                 store.get("k")
         finally:
