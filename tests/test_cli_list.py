@@ -158,9 +158,9 @@ def test_text_names_distribution_and_status_and_exits_0():
     )
     assert lines[1 + len(BUILTINS) :] == [  # no reason, warning or note lines
         "snapshot stores: 4 accepted, 0 rejected, 0 skipped",
-        "  accepted dir        plugin=dir dist=kvcache 0.1.0 schemes=dir:",
-        "  accepted memory     plugin=memory dist=kvcache 0.1.0 schemes=memory:",
-        "  accepted redis      plugin=redis dist=kvcache 0.1.0 schemes=redis:,rediss:",
+        "  accepted dir           plugin=dir dist=kvcache 0.1.0 schemes=dir:",
+        "  accepted memory        plugin=memory dist=kvcache 0.1.0 schemes=memory:",
+        "  accepted redis         plugin=redis dist=kvcache 0.1.0 schemes=redis:,rediss:",
         "  accepted redis-cluster plugin=redis-cluster dist=kvcache 0.1.0 "
         "schemes=redis+cluster:,rediss+cluster:",
     ]
@@ -293,14 +293,14 @@ def test_store_plugins_rejected_and_skipped_are_listed_with_the_reason(
     lines = out.splitlines()
     first = lines.index("snapshot stores: 3 accepted, 4 rejected, 1 skipped")
     stores = lines[first + 1 :]
-    assert "  accepted mine       plugin=clash dist=kv-clash 1.0 schemes=mine:" in stores
-    i = stores.index("  rejected half       plugin=half dist=kv-halfstore 0.3 schemes=-")
+    assert "  accepted mine          plugin=clash dist=kv-clash 1.0 schemes=mine:" in stores
+    i = stores.index("  rejected half          plugin=half dist=kv-halfstore 0.3 schemes=-")
     assert stores[i + 1].startswith("           reason: ") and "get" in stores[i + 1]
-    i = stores.index("  rejected -          plugin=nostore dist=kv-nostore 1.0 schemes=-")
+    i = stores.index("  rejected -             plugin=nostore dist=kv-nostore 1.0 schemes=-")
     assert stores[i + 1].startswith(
         "           reason: import failed: ImportError: needs a cloud SDK"
     )
-    i = stores.index("  skipped  -          plugin=redis dist=kvcache 0.1.0 schemes=-")
+    i = stores.index("  skipped  -             plugin=redis dist=kvcache 0.1.0 schemes=-")
     assert stores[i + 1] == "           reason: disabled by deny list"
     clashes = [line for line in stores if "duplicate scheme dir:" in line]
     assert len(clashes) == 2, stores  # both claimants refused, neither shadows the other

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..conformance.reporting.render.jsonout import finding_to_json as finding_json
@@ -179,12 +180,13 @@ def run(args: argparse.Namespace) -> int:
             f"({warned} with warnings), {len(registry.rejected)} rejected, "
             f"{len(registry.skipped)} skipped"
         )
+        width = _name_width(row["pool"] for row in table)
         for row in table:
             dist = f"{row['distribution']} {row['version']}" if row["distribution"] else "-"
             caps = ",".join(row["capabilities"]) or "-"  # type: ignore[arg-type]
             contract = row["contract_version"] or "-"
             print(
-                f"  {row['status']:<8} {row['pool'] or '-':<10} plugin={row['plugin']} "
+                f"  {row['status']:<8} {row['pool'] or '-':<{width}} plugin={row['plugin']} "
                 f"dist={dist} contract={contract} capabilities={caps}"
             )
             if row["reason"]:
@@ -196,16 +198,22 @@ def run(args: argparse.Namespace) -> int:
     return 1 if registry.rejected or stores.rejected else 0
 
 
+def _name_width(names: Iterable[object]) -> int:
+    """The name column's width: 10, or the longest name (``redis-cluster``) so columns align."""
+    return max([10, *(len(str(name or "-")) for name in names)])
+
+
 def _print_stores(stores: StoreRegistry, table: list[dict[str, object]]) -> None:
     print(
         f"snapshot stores: {len(stores.accepted)} accepted, {len(stores.rejected)} rejected, "
         f"{len(stores.skipped)} skipped"
     )
+    width = _name_width(row["store"] for row in table)
     for row in table:
         dist = f"{row['distribution']} {row['version'] or '?'}" if row["distribution"] else "-"
         schemes = ",".join(f"{s}:" for s in row["schemes"]) or "-"  # type: ignore[attr-defined]
         print(
-            f"  {row['status']:<8} {row['store'] or '-':<10} plugin={row['plugin']} "
+            f"  {row['status']:<8} {row['store'] or '-':<{width}} plugin={row['plugin']} "
             f"dist={dist} schemes={schemes}"
         )
         if row["reason"]:
