@@ -85,7 +85,8 @@ def register(sub: Any) -> None:
         "--store",
         default="memory:",
         metavar="URL",
-        help="snapshot store for --instances 2: memory:, dir:PATH or redis://HOST:PORT/DB",
+        help="snapshot store for --instances 2: memory:, dir:PATH, redis://HOST:PORT/DB, "
+        "redis+cluster://HOST:PORT or any installed store's URL",
     )
     parser.set_defaults(run=run)
 
