@@ -243,25 +243,36 @@ def conformance_cases(
     import pytest
 
     configured = _configured(pyproject)
+    named = any(isinstance(p, str) for p in pools)
+    cases = _plan(pools, configured, include_rejected=named)
+    refused = [c.rejection for c in cases if c.spec is None]
+    if refused:
+        raise UsageError("; ".join(refused))
+    return [
+        pytest.param(case.spec, case.check, id=case.id, marks=_marks(case.expected))
+        for case in cases
+    ]
+
+
+def _plan(
+    pools: Sequence[str | PoolSpec],
+    configured: Sequence[ExpectedFailure],
+    *,
+    include_rejected: bool,
+) -> list[ConformanceCase]:
+    """The cases of ``pools`` as the public entry points read them: names are installed pools
+    (none at all: every installed pool), specs run as given; each with its expected failures."""
     names = [p for p in pools if isinstance(p, str)]
     direct = {p.name: p for p in pools if isinstance(p, PoolSpec)}
     cases: list[ConformanceCase] = []
     if names or not pools:
         installed = [e for e in configured if e.pool not in direct]
-        cases = plan_conformance(names or None, configured=installed, include_rejected=bool(names))
-        refused = [c.rejection for c in cases if c.spec is None]
-        if refused:
-            raise UsageError("; ".join(refused))
+        cases = plan_conformance(
+            names or None, configured=installed, include_rejected=include_rejected
+        )
     for name, spec in direct.items():
-        own = [e for e in configured if e.pool == name]
-        cases += _cases(spec, own)
-        refused = [c.rejection for c in cases if c.spec is None]
-        if refused:
-            raise UsageError("; ".join(refused))
-    return [
-        pytest.param(case.spec, case.check, id=case.id, marks=_marks(case.expected))
-        for case in cases
-    ]
+        cases += _cases(spec, [e for e in configured if e.pool == name])
+    return cases
 
 
 def _marks(expected: ExpectedFailure | None) -> list[pytest.MarkDecorator]:
@@ -352,14 +363,6 @@ def conformance_report(
     result (exit code 2), not an exception: a report says what went wrong.
     """
     path = _pyproject_path(pyproject)
-    configured = load_expected_failures(path)
-    names = [p for p in pools if isinstance(p, str)]
-    direct = {p.name: p for p in pools if isinstance(p, PoolSpec)}
-    cases: list[ConformanceCase] = []
-    if names or not pools:
-        installed = [e for e in configured if e.pool not in direct]
-        cases = plan_conformance(names or None, configured=installed)
-    for name, spec in direct.items():
-        cases += _cases(spec, [e for e in configured if e.pool == name])
+    cases = _plan(pools, load_expected_failures(path), include_rejected=True)
     results = with_pool_seconds([case_result(case, timeout_s=timeout_s) for case in cases])
     return report(results, format, suppressions=load_pyproject(path) if path else [])

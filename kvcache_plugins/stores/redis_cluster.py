@@ -61,6 +61,10 @@ class RedisClusterStore(RedisStore):
     :param timeout: The socket timeout, for messages.
     """
 
+    batches_are_transactions = False
+    """No transaction spans hash slots: a batch is a plain pipeline, which redis-py splits into
+    one per node (each value still stored whole or not at all)."""
+
     def __repr__(self) -> str:
         return f"RedisClusterStore({self.where})"
 
@@ -83,14 +87,6 @@ class RedisClusterStore(RedisStore):
         """One ``SET`` per key (with ``PX`` for a ttl), one pipeline per node: each value atomic,
         the batch not (see the module doc)."""
         super().put_many(items, ttl=ttl)
-
-    def _set_batch(self, items: Sequence[tuple[str, bytes]], px: int | None) -> None:
-        """Keys of several slots: no transaction spans them, so a plain pipeline, which
-        redis-py splits into one per node."""
-        pipe = self._client.pipeline()
-        for name, value in items:
-            pipe.set(name, value, px=px)
-        pipe.execute()
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         """One ``GET`` per key, one pipeline per node, values in the order of ``keys``."""

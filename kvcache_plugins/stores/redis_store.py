@@ -59,6 +59,10 @@ class RedisStore:
     :param timeout: The socket timeout, for messages.
     """
 
+    batches_are_transactions = True
+    """Whether ``put_many`` sends one ``MULTI``/``EXEC`` (all stored or none). One server can;
+    a cluster cannot span hash slots with a transaction and sends plain pipelines."""
+
     def __init__(
         self, client: Any, *, where: str, prefix: str = "kvcache:", timeout: float = 5.0
     ) -> None:
@@ -150,8 +154,9 @@ class RedisStore:
         self._call(f"SET of {len(checked)} keys", lambda: self._set_batch(checked, px))
 
     def _set_batch(self, items: Sequence[tuple[str, bytes]], px: int | None) -> None:
-        """Several ``SET``s in one ``MULTI``/``EXEC``: all stored or none."""
-        pipe = self._client.pipeline(transaction=True)
+        """Several ``SET``s in one pipeline, a ``MULTI``/``EXEC`` (all stored or none) when
+        ``batches_are_transactions``."""
+        pipe = self._client.pipeline(transaction=self.batches_are_transactions)
         for name, value in items:
             pipe.set(name, value, px=px)
         pipe.execute()
