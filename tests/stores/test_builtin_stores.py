@@ -210,3 +210,27 @@ def test_a_cluster_mode_server_is_named_as_such(tmp_path: Path) -> None:
                 store.get("k")
         finally:
             store.close()
+
+
+def test_a_redis_batch_is_one_transaction(redis_url: str) -> None:
+    """`put_many` on one server is one `MULTI`/`EXEC`, as docs/stores.md promises (all of its
+    values stored or none), seen by the server itself through `MONITOR`."""
+    from urllib.parse import urlsplit
+
+    import redis
+
+    store = open_store(redis_url)
+    where = urlsplit(redis_url)  # (the store's own query options are not redis-py's)
+    watcher = redis.Redis(host=where.hostname, port=where.port, socket_timeout=5)
+    with watcher.monitor() as monitor:
+        store.put_many({"tx-a": b"1", "tx-b": b"2", "tx-c": b"3"})
+        watcher.echo("end-of-batch")  # a command of its own marks the end of what to read
+        seen: list[str] = []
+        for event in monitor.listen():
+            words = str(event["command"]).split()
+            if words[0].upper() == "ECHO":
+                break
+            seen.append(words[0].upper())
+    sets = [i for i, word in enumerate(seen) if word == "SET"]
+    assert len(sets) == 3, seen
+    assert "MULTI" in seen[: sets[0]] and "EXEC" in seen[sets[-1] :], seen
