@@ -448,3 +448,7 @@ def test_conformance_report_is_what_the_plugin_writes(
     failed = [r.check for r in library.results if r.outcome.value != "passed"]
     assert failed == ["behaviour/write-forms-agree"]
     assert "pool:brk-alias  (behaviour checks: 0.00 s)" in library.text
+    # A pool discovery rejected is an ERROR result of the report, not an exception.
+    refused = conformance_report("kvc_broken", pyproject=project.path / "pyproject.toml")
+    assert refused.exit_code == 2
+    assert {(r.target, r.outcome.value) for r in refused.results} == {("pool:kvc_broken", "error")}
