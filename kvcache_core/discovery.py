@@ -35,7 +35,7 @@ from .plugin_loader import (
     PluginInfo,
     entry_points,
     load_plugins,
-    names_from_env,
+    skip_policy,
     summarise_exception,
 )
 
@@ -292,20 +292,9 @@ def discover(
     :returns: The [`Registry`][kvcache_core.Registry].
     :raises PluginRejectedError: With ``strict``, listing every rejection.
     """
-    allowed = set(allow) if allow is not None else names_from_env(ENV_ALLOW)
-    denied = set(deny) if deny is not None else (names_from_env(ENV_DENY) or set())
     if autoload is None:
         autoload = os.environ.get(ENV_NO_AUTOLOAD, "") not in ("1", "true", "yes")
-
-    def skip(name: str) -> str | None:
-        if name in denied:
-            return "disabled by deny list"
-        if allowed is not None and name not in allowed:
-            return "not in allow list"
-        if not autoload and (allowed is None or name not in allowed):
-            return "autoload disabled"
-        return None
-
+    skip = skip_policy(allow, deny, env_allow=ENV_ALLOW, env_deny=ENV_DENY, autoload=autoload)
     loads = load_plugins(
         entry_points(group), hook="kvcache_pool_specs", skip=skip, plugins=plugins, bare=PoolSpec
     )

@@ -39,6 +39,7 @@ __all__ = [
     "load_plugins",
     "names_from_env",
     "plugin_info",
+    "skip_policy",
     "summarise_exception",
 ]
 
@@ -72,6 +73,33 @@ def names_from_env(var: str) -> set[str] | None:
     if raw is None:
         return None
     return {n.strip() for n in raw.split(",") if n.strip()}
+
+
+def skip_policy(
+    allow: Iterable[str] | None,
+    deny: Iterable[str] | None,
+    *,
+    env_allow: str,
+    env_deny: str,
+    autoload: bool = True,
+) -> Callable[[str], str | None]:
+    """The ``skip`` of `load_plugins` that pool and store discovery both apply: ``deny``
+    first, then ``allow`` (each defaulting to the comma-separated names in its environment
+    variable; no allow list means every name), then ``autoload`` (off: only names allowed
+    explicitly load)."""
+    allowed = set(allow) if allow is not None else names_from_env(env_allow)
+    denied = set(deny) if deny is not None else (names_from_env(env_deny) or set())
+
+    def skip(name: str) -> str | None:
+        if name in denied:
+            return "disabled by deny list"
+        if allowed is not None and name not in allowed:
+            return "not in allow list"
+        if not autoload and allowed is None:
+            return "autoload disabled"
+        return None
+
+    return skip
 
 
 @dataclass(frozen=True)

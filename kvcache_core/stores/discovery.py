@@ -21,7 +21,7 @@ from ..plugin_loader import (
     PluginInfo,
     entry_points,
     load_plugins,
-    names_from_env,
+    skip_policy,
 )
 from .spec import STORE_METHODS, SnapshotStore, StoreSpec
 
@@ -238,14 +238,7 @@ def discover_stores(
     :param strict: Raise [`PluginRejectedError`][kvcache_core.PluginRejectedError] listing
         every rejection instead of isolating them.
     """
-    allowed = set(allow) if allow is not None else names_from_env(ENV_ALLOW)
-    denied = set(deny) if deny is not None else (names_from_env(ENV_DENY) or set())
-
-    def skip(name: str) -> str | None:
-        if name in denied:
-            return "disabled by deny list"
-        return "not in allow list" if allowed is not None and name not in allowed else None
-
+    skip = skip_policy(allow, deny, env_allow=ENV_ALLOW, env_deny=ENV_DENY)
     loads = load_plugins(
         entry_points(group), hook="kvcache_store_specs", skip=skip, plugins=plugins, bare=StoreSpec
     )
