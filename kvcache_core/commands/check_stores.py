@@ -13,7 +13,6 @@ Exit codes: 0 every check passed or was skipped, 1 a check failed, 2 a URL no st
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 
 __all__ = ["run", "selected_store_checks"]
@@ -68,8 +67,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             registry.spec_for(url)
         except StoreError as exc:
-            print(f"kvcache check: error: --store {url}: {exc}", file=sys.stderr)
-            return 2
+            return usage_error("check", f"--store {url}: {exc}")
     try:
         checks = selected_store_checks(args.select, args.deselect)
         configured = load_config(args)
