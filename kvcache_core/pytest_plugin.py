@@ -42,8 +42,9 @@ __all__ = ["ConformanceItem"]
 _OPTION = "kvcache_conformance"
 _PLAN = pytest.StashKey["list[ConformanceCase]"]()
 _REPORTS = pytest.StashKey["list[tuple[str, str]]"]()
-#: The ``user_properties`` key a battery test's result travels under (from an xdist worker to
-#: the process that writes the report).
+#: The test report attribute a battery test's result travels under (from an xdist worker to
+#: the process that writes the report). An attribute of its own, not ``user_properties``:
+#: pytest writes those into the user's ``--junitxml`` file.
 _RESULT = "kvcache_conformance_result"
 #: The mark every battery test carries: ``-m kvcache_conformance`` runs only the battery.
 MARK = "kvcache_conformance"
@@ -190,6 +191,8 @@ class ConformanceItem(pytest.Item):
         name = f"test_kvcache_conformance[{case.id}]"
         super().__init__(name=name, nodeid=name, **kwargs)
         self.case = case
+        self.encoded_result: str | None = None
+        """This run's result, pickled, when ``--kvcache-report`` asks for it."""
         self.add_marker(MARK)
         if case.expected is not None:
             self.add_marker(
@@ -205,8 +208,8 @@ class ConformanceItem(pytest.Item):
         if self.config.stash.get(_REPORTS, None):
             # Pickled because the result must reach the process that writes the report, and
             # under pytest-xdist that is another process; only this plugin reads it back.
-            encoded = base64.b64encode(pickle.dumps(result)).decode("ascii")
-            self.user_properties.append((_RESULT, encoded))
+            # ``pytest_runtest_makereport`` puts it on the call's report.
+            self.encoded_result = base64.b64encode(pickle.dumps(result)).decode("ascii")
         raise_for(self.case, result)
 
     def repr_failure(
@@ -227,8 +230,12 @@ class ConformanceItem(pytest.Item):
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    """Say what a strict XPASS of a battery test means and what to do about it."""
+    """Say what a strict XPASS of a battery test means and what to do about it; carry a
+    battery test's result for ``--kvcache-report`` on its call report."""
     report = yield
+    encoded = item.encoded_result if isinstance(item, ConformanceItem) else None
+    if encoded is not None and report.when == "call":
+        setattr(report, _RESULT, encoded)  # pytest-xdist sends a report's attributes along
     if (
         isinstance(item, ConformanceItem)
         and item.case.expected is not None
@@ -259,9 +266,9 @@ class _ReportWriter:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when != "call":
             return
-        for key, value in report.user_properties:
-            if key == _RESULT and isinstance(value, str):
-                self.results[report.nodeid] = pickle.loads(base64.b64decode(value))
+        encoded = getattr(report, _RESULT, None)
+        if isinstance(encoded, str):
+            self.results[report.nodeid] = pickle.loads(base64.b64decode(encoded))
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:

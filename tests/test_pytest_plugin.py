@@ -261,7 +261,8 @@ def test_xdist_workers_collect_the_same_battery(
     monkeypatch.setenv("PYTHONPATH", _subprocess_env(project)["PYTHONPATH"])
     args = ["-p", PLUGIN, "--kvcache-conformance=kvc_gallery", "-k", "write-forms-agree"]
     written = project.path / "battery.json"
-    args.append(f"--kvcache-report=json:{written}")
+    junit = project.path / "junit.xml"
+    args += [f"--kvcache-report=json:{written}", f"--junitxml={junit}"]
     result = project.runpytest_subprocess("-n", "2", "-p", "no:hypothesispytest", *args)
     # a difference between the workers' collections would be an error, not these outcomes
     result.assert_outcomes(failed=2, xfailed=2)
@@ -275,6 +276,9 @@ def test_xdist_workers_collect_the_same_battery(
         ("pool:brk-stale", "failed"),
         ("pool:brk-tomlxfail", "expected-failure"),
     ]
+    # How the results travel is the plugin's business: nothing of it lands in the user's JUnit.
+    assert "testcase" in (text := junit.read_text(encoding="utf-8"))
+    assert "kvcache_conformance_result" not in text and "<property" not in text
 
 
 def test_the_pytest11_entry_point_loads_it_and_costs_no_torch(project: pytest.Pytester) -> None:
