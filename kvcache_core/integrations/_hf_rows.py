@@ -123,6 +123,9 @@ class RowSlots:
 
     def extend(self, count: int) -> None:
         """Allocate ``count`` new positions for every row (one forward pass's tokens)."""
+        if count == 1 and self.page_size == 1 and self.length and all(self.live):
+            self._decode_step()
+            return
         self.check_live()
         start = self.length
         slots = self._take(self.batch, start, count)
@@ -132,6 +135,32 @@ class RowSlots:
         self.last_loc = slots.reshape(-1)
         self.last_count = count
         self.run_start = self._run_after(slots, start)
+
+    def _decode_step(self) -> None:
+        """``extend(1)`` at page size 1 after a prefill: one slot per row, fewest torch calls.
+
+        Every decode step of every generation comes through here once, so this is ``extend``
+        without what a one-token step never needs (no table reshapes, no run comparison against
+        a range, the slot value read once); what it records is exactly what ``extend`` records.
+        """
+        batch, start = self.batch, self.length
+        slots = self.allocator.alloc(batch)
+        if slots is None:
+            raise OutOfSlotsError(
+                f"{batch} row(s) x 1 new token(s) need {batch} token slots (page size 1); the "
+                f"pool has {self.allocator.available_size()} free of {self.allocator.size}"
+            )
+        if slots.dtype is not torch.int64 or slots.dim() != 1 or slots.device != self.device:
+            slots = slots.to(self.device, torch.int64).reshape(-1)
+        if start >= self.table.shape[1]:
+            self._grow(start + 1)
+        self.table[:, start] = slots
+        self.length = start + 1
+        self.last_loc = slots
+        self.last_count = 1
+        run = self.run_start
+        if run is not None and (batch != 1 or int(slots.item()) != run + start):
+            self.run_start = None
 
     def _run_after(self, slots: torch.Tensor, start: int) -> int | None:
         """The single row's first slot if it still holds one run of consecutive slots."""

@@ -168,3 +168,28 @@ def test_for_model_builds_an_mha_pool_head_major(tiny: Any) -> None:
     cache = KVPoolCache.for_model(tiny("llama"), size=16)
     assert cache.pool.head_major
     assert cache.pool.get_key_buffer(0).transpose(0, 1).is_contiguous()
+
+
+def test_a_decode_slot_off_the_run_switches_reads_to_the_table(tiny: Any) -> None:
+    """A one-row batch reads its run of consecutive slots in place only while every new slot
+    extends the run. Here the prefill gets slots 11..20 and the first decode step slot 30:
+    from then on reads must go through the slot table (slot 21, never written by this row,
+    holds garbage), and the logits stay ``DynamicCache``'s."""
+    model = tiny("llama")
+    want = reference(model, 1)
+    cache = KVPoolCache.for_model(model, "mha", size=96)
+    for layer in range(len(cache.layers)):
+        for buffer in cache.pool.get_kv_buffer(layer):
+            buffer.normal_(generator=torch.Generator().manual_seed(layer))
+    allocator = cache.allocator
+    everything = allocator.alloc(96)
+    assert torch.equal(everything, torch.arange(1, 97))
+    order = torch.randperm(56, generator=torch.Generator().manual_seed(0))
+    allocator.free(everything[40:][order])  # handed out last, in a shuffled order
+    allocator.free(torch.tensor([30]))  # the first decode step's slot
+    allocator.free(torch.arange(11, 21))  # the prefill's ten slots, consecutive
+    got = generate(model, cache, 1)
+    slots = cache.row_slots(0)
+    assert slots[:10].tolist() == list(range(11, 21)) and int(slots[10]) == 30
+    assert cache.rows.run_start is None
+    assert identical(got, want)
