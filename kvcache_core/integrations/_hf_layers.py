@@ -106,6 +106,12 @@ class PoolAttentionLayer(_Unsupported, CacheLayerMixin):
         #: The key and value buffers viewed head-major (``[1, heads, slots, dim]``), and whether
         #: each head's slots are contiguous there (a head-major pool, or one head).
         self._by_head: tuple[torch.Tensor, torch.Tensor, bool] | None = None
+        #: The pool's write method for this layer kind, bound once: every layer-step calls it.
+        self._store = self._pool_writer()
+
+    def _pool_writer(self) -> Any:
+        """The pool method that writes this layer's token rows (``set_kv_buffer`` here)."""
+        return self.owner.pool.set_kv_buffer
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
@@ -157,10 +163,11 @@ class PoolAttentionLayer(_Unsupported, CacheLayerMixin):
         if start + count == rows.length and count == rows.last_count and k_shape[0] == rows.batch:
             # A later layer of this forward pass (its slots are allocated, flattened once in
             # ``rows.last_loc``): the hot path, without the calls that would find that out.
-            self._write_at(rows.last_loc, key_states, value_states)
+            self._store(self.ref, rows.last_loc, _token_rows(key_states), _token_rows(value_states))
         else:
             self.owner.positions(start, key_states)
-            self._write(key_states, value_states, start, count)
+            loc = self._loc(start, count)
+            self._store(self.ref, loc, _token_rows(key_states), _token_rows(value_states))
         self.length = start + count
         return self._read(start, count)
 
@@ -169,12 +176,6 @@ class PoolAttentionLayer(_Unsupported, CacheLayerMixin):
         if start + count == rows.length and count == rows.last_count:
             return rows.last_loc  # this forward pass's slots, flattened once for every layer
         return rows.table[:, start : start + count].reshape(-1)
-
-    def _write(self, keys: torch.Tensor, values: torch.Tensor, start: int, count: int) -> None:
-        self._write_at(self._loc(start, count), keys, values)
-
-    def _write_at(self, loc: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
-        self.owner.pool.set_kv_buffer(self.ref, loc, _token_rows(keys), _token_rows(values))
 
     def _read(self, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         end = start + count
@@ -251,8 +252,9 @@ class PoolLatentLayer(PoolAttentionLayer):
     the read returns the two halves of the same rows.
     """
 
-    def _write_at(self, loc: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
-        self.owner.pool.set_mla_kv_buffer(self.ref, loc, _token_rows(keys), _token_rows(values))
+    def _pool_writer(self) -> Any:
+        """The latent is written whole, one row per token, with ``set_mla_kv_buffer``."""
+        return self.owner.pool.set_mla_kv_buffer
 
     def _read(self, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         latent = self.owner.heads_of(self.buffers()[0], 0, start + count)
