@@ -118,10 +118,14 @@ class MHATokenToKVPool:
         k_scale: float | None = None,
         v_scale: float | None = None,
     ) -> None:
-        local = self._local(layer_id_of(layer))
         k_rows, v_rows = self._k, self._v
+        local = getattr(layer, "layer_id", None)
+        if type(local) is int:
+            local -= self.start_layer
         if (  # the hot path (checked slots, rows as stored): write at once, nothing to convert
-            type(loc) is torch.Tensor
+            type(local) is int
+            and 0 <= local < self.layer_num
+            and type(loc) is torch.Tensor
             and not self.check_write_slots
             and loc.dtype == torch.int64
             and loc.dim() == 1
@@ -137,6 +141,7 @@ class MHATokenToKVPool:
             k_rows.write(local, loc, cache_k)
             v_rows.write(local, loc, cache_v)
             return
+        local = self._local(layer_id_of(layer))
         check_loc(loc)
         full, _ = unwrap_write_loc(loc)  # an MHA pool keeps no window: swa_loc is not ours
         slots = write_slots(

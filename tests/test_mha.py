@@ -166,6 +166,25 @@ def test_start_layer_maps_global_ids():
         pool.get_key_buffer(0)
 
 
+@pytest.mark.parametrize("check", [True, False], ids=["checked", "unchecked-slots"])
+@pytest.mark.parametrize("layer_id", [9, 13, -1, True])
+def test_a_layer_outside_the_pool_is_refused_before_writing(check, layer_id):
+    """With or without the per-write slot check (its fast path included): a layer id below
+    ``start_layer``, past the last layer, negative (which would index from the end) or a bool
+    is refused, and no layer is written."""
+    pool, _ = make_pool(start_layer=10, check_write_slots=check)
+    fill_layers = [Layer(10 + i) for i in range(3)]
+    for layer in fill_layers:
+        pool.set_kv_buffer(layer, torch.arange(1, 65), torch.randn(64, 2, 4), torch.randn(64, 2, 4))
+    before = [t.clone() for i in range(10, 13) for t in pool.get_kv_buffer(i)]
+    with pytest.raises((InvalidLayerError, TypeError), match="layer"):
+        pool.set_kv_buffer(
+            Layer(layer_id), torch.tensor([1]), torch.zeros(1, 2, 4), torch.zeros(1, 2, 4)
+        )
+    after = [t for i in range(10, 13) for t in pool.get_kv_buffer(i)]
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+
+
 BAD_WRITES = [
     (torch.tensor([1, 70]), InvalidSlotError, r"loc\[1\] = 70 is out of range"),
     (torch.tensor([-1, 2]), InvalidSlotError, "negative"),
