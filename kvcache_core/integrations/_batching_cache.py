@@ -68,9 +68,15 @@ class BatchingStats:
 
 @dataclass
 class _Request:
-    """The pool pages one request holds, in token order, and how many tokens are written."""
+    """The pool pages one request holds, in token order, and how many tokens are written.
+
+    ``slots`` lists every slot of those pages in token order, extended as pages are added:
+    each batch reads a request's slots as one list slice (every step of every request asks for
+    them, so building them page by page each time cost more than transformers' own bookkeeping).
+    """
 
     pages: list[int] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
     length: int = 0
     window_released: int = 0  # leading pages whose window slots went back (SWA pools)
 
@@ -115,6 +121,10 @@ class KVPoolPagedCache(PagedAttentionCache):
             # Every slot written comes from this pool's allocator, through this class: the
             # per-write range check (a read-back on CPU) would only re-prove that.
             validate_write_slots=False,
+            # Pools that can keep rows head-major do: each step gathers a batch's keys per head
+            # straight into the ``[heads, tokens, dim]`` block attention expands, rather than
+            # gathering rows and copying them again through a transposed view.
+            options={"head_major": True},
         )
         self.kv_pool, self.kv_allocator = choice.registry.create(choice.name, pool_config)
         if self.kv_pool.dtype != self.dtype:
@@ -140,6 +150,8 @@ class KVPoolPagedCache(PagedAttentionCache):
             self._window = int(sliding.sliding_window)
         self._has_full = FULL_ATTENTION in self.cache_allocators
         self._layers = {i: _Layer(i) for i in range(int(config.num_hidden_layers))}
+        #: Per layer: its key and value buffers seen head-major, and whether they are stored so.
+        self._by_head: dict[int, tuple[torch.Tensor, torch.Tensor, bool]] = {}
         self._requests: dict[str, _Request] = {}
         self._capture: dict[str, CapturedRequest] | None = None
         self._lock = threading.Lock()
@@ -149,16 +161,6 @@ class KVPoolPagedCache(PagedAttentionCache):
             allocator.write_trash_index = 0
 
     # -- slots ---------------------------------------------------------------------------------
-    def _slots(self, req: _Request, start: int, end: int) -> list[int]:
-        """Pool slots of tokens ``[start, end)`` of ``req``."""
-        page, out = self.page, list[int]()
-        if page == 1:
-            return req.pages[start:end]
-        for p in range(start // page, (end - 1) // page + 1):
-            base = req.pages[p] * page
-            out.extend(range(base + max(start - p * page, 0), base + min(end - p * page, page)))
-        return out
-
     def _page_slots(self, pages: list[int]) -> torch.Tensor:
         ids = torch.tensor(pages, dtype=torch.int64)
         if self.page == 1:
@@ -177,8 +179,10 @@ class KVPoolPagedCache(PagedAttentionCache):
                 f"{need * self.page} needed: transformers' block accounting and the pool "
                 "disagree (was the pool shared with another engine?)"
             )
-        firsts = got.reshape(-1, self.page)[:, 0] if self.page > 1 else got
-        req.pages.extend((torch.div(firsts, self.page, rounding_mode="floor")).tolist())
+        slots = got.tolist()
+        page = self.page
+        req.slots.extend(slots)
+        req.pages.extend(slot // page for slot in slots[::page])
 
     def _release_window(self, req: _Request, past_length: int) -> None:
         """Window slots of pages every future read has slid past go back (SWA pools)."""
@@ -213,7 +217,7 @@ class KVPoolPagedCache(PagedAttentionCache):
             self._grow(req, end)
             req.length = end
             if read_index is None:
-                new = self._slots(req, past_length, end)
+                new = req.slots[past_length:end]
                 for indices in write_index:
                     indices.extend(new)
                 return
@@ -221,7 +225,7 @@ class KVPoolPagedCache(PagedAttentionCache):
             # tail, and the writes are its last ``query_length`` slots.
             window_start = past_length - min(past_length, self._window - 1)
             first = 0 if self._has_full else window_start
-            slots = self._slots(req, first, end)
+            slots = req.slots[first:end]
             new = slots[len(slots) - query_length :]
             for allocator, reads, writes in zip(
                 self.cache_allocators.values(), read_index, write_index, strict=True
@@ -256,10 +260,24 @@ class KVPoolPagedCache(PagedAttentionCache):
             return key_states, value_states
         if layer_idx in self._window_layers:
             read = self.kv_pool.translate_loc_from_full_to_swa(read)
-        k_buf, v_buf = self.kv_pool.get_kv_buffer(layer_idx)
+        k_heads, v_heads, head_major = self._buffers_by_head(layer_idx)
+        if head_major:  # gather each head's rows into one contiguous block
+            return k_heads.index_select(1, read)[None], v_heads.index_select(1, read)[None]
+        k_buf, v_buf = k_heads.transpose(0, 1), v_heads.transpose(0, 1)
         keys = k_buf.index_select(0, read).transpose(0, 1).unsqueeze(0)
         values = v_buf.index_select(0, read).transpose(0, 1).unsqueeze(0)
         return keys, values
+
+    def _buffers_by_head(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """Layer ``layer_idx``'s buffers as ``[heads, slots, dim]`` views, looked up once, and
+        whether each head's slots are contiguous there (a head-major pool)."""
+        found = self._by_head.get(layer_idx)
+        if found is None:
+            k_buf, v_buf = self.kv_pool.get_kv_buffer(layer_idx)
+            k_heads, v_heads = k_buf.transpose(0, 1), v_buf.transpose(0, 1)
+            found = (k_heads, v_heads, k_heads.is_contiguous() and v_heads.is_contiguous())
+            self._by_head[layer_idx] = found
+        return found
 
     # -- requests leaving --------------------------------------------------------------------
     def _release(self, request_id: str) -> None:

@@ -287,6 +287,38 @@ def test_pool_storing_another_dtype_is_refused(llama_model):
         )
 
 
+@pytest.mark.parametrize("head_major", [True, False], ids=["head-major", "row-major"])
+def test_both_pool_layouts_read_the_same_under_pressure(llama_model, monkeypatch, head_major):
+    """The cache asks for a head-major pool (each step gathers per head); a pool that keeps
+    rows in row-major order (a third-party one ignoring the option) is read through the other
+    gather. Both give sequential generation's tokens through offloads."""
+
+    def layout(config):
+        return mha.create(dataclasses.replace(config, options={"head_major": head_major}))
+
+    registry = _registry_with(factory=layout)
+    expected = sequential(llama_model, PROMPTS, NEW)
+    with poisoned_kvpool(monkeypatch) as spy:
+        out = generate_batch(
+            llama_model,
+            PROMPTS,
+            greedy(NEW),
+            num_blocks=8,
+            block_size=4,
+            max_batch_tokens=32,
+            pool="custom",
+            registry=registry,
+        )
+    assert _tokens(out) == expected and out.stats.offloads >= 2
+    assert spy.caches[0].kv_pool.head_major is head_major
+
+
+def test_the_default_pool_is_built_head_major(llama_model, monkeypatch):
+    with poisoned_kvpool(monkeypatch) as spy:
+        generate_batch(llama_model, [[1, 2, 3]], greedy(2), num_blocks=4, block_size=4)
+    assert spy.caches[0].kv_pool.head_major
+
+
 def test_layer_types_no_pool_serves_are_named():
     with pytest.raises(KVCacheError, match="layer 1 has type 'linear_attention'"):
         _hf_pool_choice.layer_groups(["full_attention", "linear_attention"], 2, None)
@@ -367,7 +399,7 @@ def test_every_override_still_exists_in_transformers(ours, base_module, base_nam
     own = {n for n, m in vars(cls).items() if callable(m) and not n.startswith("__")}
     helpers = {n for n in own if not hasattr(base, n)}
     assert helpers <= {
-        "_slots",
+        "_buffers_by_head",
         "_page_slots",
         "_grow",
         "_release_window",
