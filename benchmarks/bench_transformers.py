@@ -2,9 +2,9 @@
 
 Run: ``.venv/bin/python benchmarks/bench_transformers.py [--repeat N]``. A seeded Llama-style
 model (hidden 256, 4 layers, 4 query heads and 2 KV heads of 64, batch 1) decodes 64 tokens
-one forward pass at a time, after an untimed prefill, once on ``DynamicCache`` and once on a
-``KVPoolCache`` over the ``mha`` pool, interleaved; each figure is the per layer-step time
-(decode time / (64 x 4 layers)) against ``DynamicCache``'s in the same run:
+one forward pass at a time, after an untimed prefill, on ``DynamicCache`` and on a
+``KVPoolCache`` over the ``mha`` pool; each figure is the per layer-step time (a decode
+step's time / 4 layers) against ``DynamicCache``'s in the same run:
 
 1. after a 16-token prompt: target <= 1.10x (the pool's bookkeeping per step is small);
 2. after a 2,048-token prompt: target <= 1.00x. ``DynamicCache`` concatenates every layer's
@@ -17,13 +17,16 @@ run of consecutive slots, as a fresh allocator hands out. A third, informational
 the 2,048-token case on scattered slots (a shuffled half of a pool twice that size, as after
 retractions in a long-running server): there attention reads a gathered head-major copy.
 
-Both models run with one torch thread: on a shared machine two threads mostly measure their
-wait for the other processes. Timings are process CPU time (one thread: the work itself, not
-the other processes' share of the cores). The runs are interleaved in pairs (each side first
-in every other round), ``--repeat`` pairs (default 9); the ratio judged against the target is
-that of each side's best run, and the median over pairs of pool time / ``DynamicCache`` time
-is printed beside it (on a loaded shared machine the two differ by several percent: quote
-several runs).
+How it is timed, and why. The two caches decode *in lockstep*: one step on one, the same step
+on the other, the order swapped every step, each step timed alone (process CPU time, one torch
+thread: the work itself, not the other processes' share of the cores). A decode step takes
+about 3 ms, while the load of a shared machine drifts over tens of milliseconds; timing whole
+64-step runs one after the other (what an earlier version did) let that drift land on one side
+and moved the 16-token figure between 0.84x and 1.23x from run to run. Paired step by step, the
+drift hits both sides of a pair alike. The figure judged against the target is the median,
+over ``--repeat`` runs x 64 steps, of the paired ratio pool step / ``DynamicCache`` step; the
+ratio of the two sides' total times is printed beside it. Both caches must produce the same
+tokens, or the run stops: a faster wrong answer is not a figure.
 """
 
 from __future__ import annotations
@@ -32,7 +35,6 @@ import argparse
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,31 +52,41 @@ LAYERS = 4
 NEW_TOKENS = 64
 
 
-def _decode(
-    model: Any, make_cache: Callable[[], Any], prompt: int, before: Callable[[Any], Any] | None
-) -> Callable[[], float]:
-    """A run: prefill ``prompt`` tokens (untimed), then time ``NEW_TOKENS`` decode steps.
-    ``before(cache)`` prepares a pool cache's allocator (and returns what to give back)."""
+def _lockstep(
+    model: Any, pool_cache: KVPoolCache, prompt: int, repeat: int, scattered: bool
+) -> tuple[list[float], list[float]]:
+    """Per-step CPU times of ``DynamicCache`` and of ``pool_cache``, decoding in lockstep.
+
+    Each of ``repeat`` runs prefills both caches (untimed), then times ``NEW_TOKENS`` decode
+    steps, one on each cache in turn (who goes first swaps every step). ``scattered`` first
+    leaves the pool's allocator handing out a shuffled half of its slots (see ``_scatter``).
+    """
     ids = (torch.arange(prompt) % 100 + 3).reshape(1, -1)
-
-    def run() -> float:
-        cache = make_cache()
-        held = before(cache) if before is not None else None
+    dynamic_steps: list[float] = []
+    pool_steps: list[float] = []
+    clock = time.process_time
+    for run in range(repeat):
+        held = _scatter(pool_cache) if scattered else None
+        caches = {"dynamic": DynamicCache(config=model.config), "pool": pool_cache}
+        times: dict[str, list[float]] = {"dynamic": dynamic_steps, "pool": pool_steps}
         with torch.no_grad():
-            logits = model(input_ids=ids, cache=cache, use_cache=True).logits
-            token = logits[:, -1:].argmax(-1)
-            start = time.process_time()
-            for _ in range(NEW_TOKENS):
-                logits = model(input_ids=token, cache=cache, use_cache=True).logits
-                token = logits[:, -1:].argmax(-1)
-            elapsed = time.process_time() - start
-        if isinstance(cache, KVPoolCache):
-            cache.release()
-            if held is not None:
-                cache.allocator.free(held)
-        return elapsed
-
-    return run
+            token = {
+                name: model(input_ids=ids, cache=cache, use_cache=True).logits[:, -1:].argmax(-1)
+                for name, cache in caches.items()
+            }
+            for step in range(NEW_TOKENS):
+                order = ("dynamic", "pool") if (run + step) % 2 == 0 else ("pool", "dynamic")
+                for name in order:
+                    start = clock()
+                    logits = model(input_ids=token[name], cache=caches[name], use_cache=True)
+                    token[name] = logits.logits[:, -1:].argmax(-1)
+                    times[name].append(clock() - start)
+                if not torch.equal(token["dynamic"], token["pool"]):
+                    raise SystemExit(f"step {step}: the pool cache generated another token")
+        pool_cache.release()
+        if held is not None:
+            pool_cache.allocator.free(held)
+    return dynamic_steps, pool_steps
 
 
 def _scatter(cache: KVPoolCache) -> torch.Tensor:
@@ -92,24 +104,12 @@ def section(model: Any, prompt: int, repeat: int, target: float | None) -> bool:
     scattered = target is None
     size = (prompt + NEW_TOKENS) * (2 if scattered else 1)
     pool_cache = KVPoolCache.for_model(model, "mha", size=size)
-    runs = {
-        "dynamic": _decode(model, lambda: DynamicCache(config=model.config), prompt, None),
-        "pool": _decode(model, lambda: pool_cache, prompt, _scatter if scattered else None),
-    }
-    best = {name: float("inf") for name in runs}
-    pairs: list[float] = []
-    for round_ in range(repeat):  # interleaved, each side first every other round
-        order = list(runs) if round_ % 2 == 0 else list(runs)[::-1]
-        took = {name: runs[name]() for name in order}
-        pairs.append(took["pool"] / took["dynamic"])
-        for name, seconds in took.items():
-            best[name] = min(best[name], seconds)
-    steps = NEW_TOKENS * LAYERS
-    ours, base = best["pool"] / steps * 1e6, best["dynamic"] / steps * 1e6
-    ratio = ours / base
+    dynamic, pool = _lockstep(model, pool_cache, prompt, repeat, scattered)
+    ratio = statistics.median(ours / base for ours, base in zip(pool, dynamic, strict=True))
+    ours, base = statistics.median(pool) / LAYERS * 1e6, statistics.median(dynamic) / LAYERS * 1e6
     note = (
-        f"best of {repeat}; median of the {repeat} paired ratios {statistics.median(pairs):.2f}x; "
-        f"{NEW_TOKENS} decode steps"
+        f"median of {len(pool)} paired steps ({repeat} runs x {NEW_TOKENS}); ratio of totals "
+        f"{sum(pool) / sum(dynamic):.2f}x"
     )
     times = (f"{ours:.1f} us", f"DynamicCache {base:.1f} us")
     if scattered:
