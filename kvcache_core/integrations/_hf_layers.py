@@ -53,6 +53,10 @@ class Owner(Protocol):
         """Positions ``lo..hi`` of every batch row, head-major ``[B, heads, hi - lo, dim]``."""
         ...
 
+    def window_slots(self, lo: int, hi: int) -> torch.Tensor:
+        """The window-side slots of positions ``lo..hi`` of every row, row-major, flattened."""
+        ...
+
 
 def _token_rows(states: torch.Tensor) -> torch.Tensor:
     """``[batch, heads, tokens, dim]`` -> one ``[heads, dim]`` row per (batch row, token)."""
@@ -95,6 +99,8 @@ class PoolAttentionLayer(_Unsupported, CacheLayerMixin):
     is_croppable = False
     supports_early_init = False
     is_sliding = False
+    #: Whether this layer writes on a pool's window side (at ``rows.last_window_loc``).
+    window_side = False
 
     def __init__(self, plan: LayerPlan, owner: Owner) -> None:
         super().__init__()
@@ -163,7 +169,8 @@ class PoolAttentionLayer(_Unsupported, CacheLayerMixin):
         if start + count == rows.length and count == rows.last_count and k_shape[0] == rows.batch:
             # A later layer of this forward pass (its slots are allocated, flattened once in
             # ``rows.last_loc``): the hot path, without the calls that would find that out.
-            self._store(self.ref, rows.last_loc, _token_rows(key_states), _token_rows(value_states))
+            loc = rows.last_window_loc if self.window_side else rows.last_loc
+            self._store(self.ref, loc, _token_rows(key_states), _token_rows(value_states))
         else:
             self.owner.positions(start, key_states)
             loc = self._loc(start, count)
@@ -174,7 +181,8 @@ class PoolAttentionLayer(_Unsupported, CacheLayerMixin):
     def _loc(self, start: int, count: int) -> torch.Tensor:
         rows = self.owner.rows
         if start + count == rows.length and count == rows.last_count:
-            return rows.last_loc  # this forward pass's slots, flattened once for every layer
+            # this forward pass's slots, flattened (and translated) once for every layer
+            return rows.last_window_loc if self.window_side else rows.last_loc
         return rows.table[:, start : start + count].reshape(-1)
 
     def _read(self, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -220,7 +228,7 @@ class PoolSlidingLayer(PoolAttentionLayer):
     def __init__(self, plan: LayerPlan, owner: Owner, *, windowed_pool: bool) -> None:
         super().__init__(plan, owner)
         self.window = plan.window
-        self.windowed_pool = windowed_pool
+        self.windowed_pool = self.window_side = windowed_pool
 
     def _read(self, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         lo = max(0, start - (self.window - 1))
@@ -229,8 +237,7 @@ class PoolSlidingLayer(PoolAttentionLayer):
         owner = self.owner
         window = None
         if self.windowed_pool:
-            full = owner.rows.table[:, lo:end].reshape(-1)
-            window = owner.pool.translate_loc_from_full_to_swa(full)
+            window = owner.window_slots(lo, end)
         return owner.heads_of(key, lo, end, window), owner.heads_of(value, lo, end, window)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:

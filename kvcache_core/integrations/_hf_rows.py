@@ -52,6 +52,11 @@ class RowSlots:
         #: The slots of the latest ``extend`` (row-major, flattened) and how many per row.
         self.last_loc = torch.zeros(0, dtype=torch.int64, device=self.device)
         self.last_count = 0
+        #: What window layers write at for ``last_loc``: the same tensor, unless the cache keeps
+        #: a window side and set a ``KVWriteLoc(last_loc, window slots)`` after the extend.
+        self.last_window_loc: Any = self.last_loc
+        #: Bumped whenever the table's contents change, so that per-pass lookups can be reused.
+        self.version = 0
 
     # -- binding and growth ---------------------------------------------------------------
     @property
@@ -132,8 +137,9 @@ class RowSlots:
         self._grow(start + count)
         self.table[:, start : start + count] = slots
         self.length = start + count
-        self.last_loc = slots.reshape(-1)
+        self.last_loc = self.last_window_loc = slots.reshape(-1)
         self.last_count = count
+        self.version += 1
         self.run_start = self._run_after(slots, start)
 
     def _decode_step(self) -> None:
@@ -156,8 +162,9 @@ class RowSlots:
             self._grow(start + 1)
         self.table[:, start] = slots
         self.length = start + 1
-        self.last_loc = slots
+        self.last_loc = self.last_window_loc = slots
         self.last_count = 1
+        self.version += 1
         run = self.run_start
         if run is not None and (batch != 1 or int(slots.item()) != run + start):
             self.run_start = None
@@ -201,6 +208,7 @@ class RowSlots:
         """Record ``slots`` as ``row``'s positions and mark it live."""
         self.table[row, : self.length] = slots
         self.last_count = 0  # the table changed: layers slice it again
+        self.version += 1
         self.live[row] = True
         self.run_start = self._run_after(self.table[:, : self.length], 0) if self.length else None
 
@@ -217,4 +225,5 @@ class RowSlots:
         self.request_slots = None
         self.run_start = None
         self.last_count = 0
+        self.version += 1
         self.table = torch.zeros((0, 0), dtype=torch.int64, device=self.device)

@@ -14,8 +14,10 @@ from typing import Any
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 from kvcache_core import discover
+from kvcache_core.integrations._hf_drill import poison_free_slots
 from kvcache_core.integrations._hf_layout import probe_layout
 from kvcache_core.integrations._hf_pool_choice import pool_config
 from kvcache_core.integrations.transformers import KVPoolCache
@@ -107,15 +109,43 @@ def test_negative_controls_differ(tiny: Any, broken: Any, name: str, pool: str) 
     assert not identical(got, want)
 
 
-def test_window_slots_are_released(tiny: Any) -> None:
-    """Tokens that left every window give their window slots back (``free_swa``)."""
+@pytest.mark.parametrize("batch_release", [1, 8, 32])
+def test_window_slots_are_released_in_batches(tiny: Any, batch_release: int) -> None:
+    """Tokens that left every window give their window slots back (``free_swa``), once
+    ``window_release_batch`` of them have: never more than that many held beyond the window."""
     model = tiny("qwen2-swa")
-    cache = KVPoolCache.for_model(model, size=96)
-    generate(model, cache, 2)
+    cache = KVPoolCache.for_model(model, size=160)
+    cache.window_release_batch = batch_release
     window = model.config.sliding_window
+    calls: list[int] = []
+    real = cache.allocator.free_swa
+
+    def counting(indices: torch.Tensor) -> None:
+        calls.append(indices.numel())
+        real(indices)
+
+    cache.allocator.free_swa = counting  # type: ignore[method-assign]
+    generate(model, cache, 2, new_tokens=60)
+    length = cache.rows.length
     held = cache.allocator.size - cache.allocator.full_available_size()
-    assert held == 2 * cache.rows.length
-    assert cache.allocator.swa_available_size() >= cache.allocator.size - 2 * window
+    assert held == 2 * length  # the full side keeps every token
+    window_held = cache.allocator.size - cache.allocator.swa_available_size()
+    per_row = window_held // 2
+    assert window - 1 <= per_row < window + batch_release
+    assert calls and all(n >= 2 * batch_release for n in calls)  # two rows per call
+
+
+def test_a_retraction_after_window_slots_went_back_is_identical(tiny: Any) -> None:
+    """A row whose oldest positions have no window slot any more is offloaded and resumed:
+    its snapshot carries only the window rows still held, and the logits stay the same."""
+    model = tiny("qwen2-swa")
+    want = reference(model, 2)
+    cache = KVPoolCache.for_model(model, size=96)
+    cache.window_release_batch = 1
+    retractor = Retractor(cache, STEPS, row=1)
+    got = generate(model, cache, 2, processors=[retractor])
+    assert cache.retractions == 3 and cache._window_freed > 0
+    assert identical(got, want)
 
 
 def test_a_sliding_only_model_runs_on_an_mha_kind_pool() -> None:
@@ -193,3 +223,44 @@ def test_a_decode_slot_off_the_run_switches_reads_to_the_table(tiny: Any) -> Non
     assert slots[:10].tolist() == list(range(11, 21)) and int(slots[10]) == 30
     assert cache.rows.run_start is None
     assert identical(got, want)
+
+
+def _shift_window_side(cache: KVPoolCache, count: int) -> torch.Tensor:
+    """Take ``count`` window slots directly, so the window slot of every token allocated next
+    differs from its full slot (a fresh allocator hands both sides out in the same order)."""
+    taken: torch.Tensor = cache.allocator.swa_attn_allocator.alloc(count)
+    assert taken is not None
+    return taken
+
+
+def test_window_slots_that_differ_from_full_slots_are_written_and_read(tiny: Any) -> None:
+    """Window layers write and read the window side's own slots, translated through the
+    pool's table once per forward pass, not the full slots; then the cache is released and
+    reused with the window side shifted again: nothing translated for the first generation
+    may be reused for the second."""
+    model = tiny("qwen2-swa")
+    want = reference(model, 2)
+    cache = KVPoolCache.for_model(model, size=96)
+    _shift_window_side(cache, 7)
+    retractor = Retractor(cache, STEPS, row=1)
+    assert identical(generate(model, cache, 2, processors=[retractor]), want)
+    table = cache.pool.full_to_swa_index_mapping
+    live = cache.row_slots(0)
+    assert not torch.equal(table[live], live)  # the sides really differ
+    cache.release()
+    _shift_window_side(cache, 3)
+    assert identical(generate(model, cache, 2), want)
+
+
+def test_a_released_cache_translates_its_window_slots_again(tiny: Any) -> None:
+    """One-token generations (a prefill only) on one cache, released in between and the window
+    side shifted: the second prefill reads the same positions as the first, through new
+    window slots, so a translation kept from the first would read the wrong rows."""
+    model = tiny("qwen2-swa")
+    want = generate(model, DynamicCache(config=model.config), 2, new_tokens=1)
+    cache = KVPoolCache.for_model(model, size=96)
+    for shift in (5, 3):
+        _shift_window_side(cache, shift)
+        assert identical(generate(model, cache, 2, new_tokens=1), want)
+        cache.release()
+        poison_free_slots(cache)  # what the first generation left in its slots is gone
