@@ -48,6 +48,9 @@ _REPORTS = pytest.StashKey["list[tuple[str, str]]"]()
 _RESULT = "kvcache_conformance_result"
 #: The mark every battery test carries: ``-m kvcache_conformance`` runs only the battery.
 MARK = "kvcache_conformance"
+#: The mark every store-battery test (``--kvcache-store``) carries; registered here, where
+#: pytest reads the plugin, so that a project without our ini file gets no unknown-mark warning.
+STORE_MARK = "kvcache_store"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -129,6 +132,9 @@ def pytest_configure(config: pytest.Config) -> None:
     before anything runs, on the xdist controller and on every worker alike."""
     config.addinivalue_line(
         "markers", f"{MARK}: a kvcache behaviour check (added by --kvcache-conformance)"
+    )
+    config.addinivalue_line(
+        "markers", f"{STORE_MARK}: a snapshot-store battery check (added by --kvcache-store)"
     )
     reports = _reports(config)
     if reports:

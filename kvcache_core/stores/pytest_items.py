@@ -8,10 +8,9 @@ from typing import Any
 
 import pytest
 
-__all__ = ["StoreCheckItem", "store_items"]
+from ..pytest_plugin import STORE_MARK
 
-#: The mark every store-battery test carries.
-MARK = "kvcache_store"
+__all__ = ["StoreCheckItem", "store_items"]
 
 
 class StoreCheckItem(pytest.Item):
@@ -21,7 +20,7 @@ class StoreCheckItem(pytest.Item):
         name = f"test_kvcache_store[{url}-{check}]"
         super().__init__(name=name, nodeid=name, **kwargs)
         self.url, self.check = url, check
-        self.add_marker(MARK)
+        self.add_marker(STORE_MARK)
 
     def runtest(self) -> None:
         from .battery import StoreCheckFailure, run_store_check

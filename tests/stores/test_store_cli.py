@@ -168,3 +168,20 @@ def test_pytest_option_adds_one_test_per_check(pytester: pytest.Pytester) -> Non
     result = pytester.runpytest("--kvcache-store", "memory:pytester", "-k", "round-trip or outage")
     result.assert_outcomes(passed=1, skipped=1, deselected=8)
     result.stdout.no_fnmatch_line("*error*")
+
+
+def test_the_store_mark_is_registered_outside_this_project(pytester: pytest.Pytester) -> None:
+    """The items carry the ``kvcache_store`` mark; a project without our ini file must not
+    get pytest's unknown-mark warning for it (here made an error), and ``-m`` selects them."""
+    result = pytester.runpytest(
+        "--kvcache-store",
+        "memory:pytester",
+        "-m",
+        "kvcache_store",
+        "-k",
+        "round-trip",
+        "-W",
+        "error::pytest.PytestUnknownMarkWarning",
+        "--strict-markers",
+    )
+    result.assert_outcomes(passed=1, deselected=9)
