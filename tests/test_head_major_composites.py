@@ -8,7 +8,8 @@ same requests: writes of every location form (``KVWriteLoc(loc, swa_loc)`` inclu
 leaving the window, retractions (``mamba_indices`` carrying the recurrent state) reloaded into
 new slots from the *other* layout's snapshot, and frees. After every step both allocators must
 have handed out the same slots and every buffer of every layer must hold the same bytes; every
-snapshot pair must be identical.
+snapshot pair must be identical. The behaviour battery, which builds one config per pool, is
+run once more on head-major builds of every kind that takes the option.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from kvcache_core import KVSnapshot, KVWriteLoc, PoolConfig, discover
+from kvcache_core.conformance.behaviour import default_config, run_spec
+from kvcache_core.conformance.results.model import Outcome
 from kvcache_plugins import mamba, mha, swa
 from kvcache_plugins.mamba import HybridMambaKVPool, MambaPool
 from kvcache_plugins.swa import SWAKVPool
@@ -449,3 +452,22 @@ def test_the_constructor_keyword_defaults_to_row_major_and_reaches_every_inner_p
     assert hybrid.head_major is False and not hybrid.attention_pool.head_major
     hybrid = HybridMambaKVPool(8, 1, torch.float32, HEADS, DIM, 2, state, head_major=True)
     assert hybrid.attention_pool.head_major
+
+
+@pytest.mark.parametrize("kind", ["mha", "swa", "mamba"])
+def test_the_behaviour_battery_passes_on_head_major_builds(kind: str) -> None:
+    """The battery has one config per spec (``PoolSpec.behaviour_config``): run it once more
+    with ``head_major`` on, and see that every pool it built was head-major."""
+    spec = discover().spec(kind)
+    built: list[Any] = []
+
+    def recording(config: PoolConfig) -> Any:
+        pool, allocator = spec.factory(config)
+        built.append(pool)
+        return pool, allocator
+
+    config = replace(default_config(spec), options={"head_major": True})
+    results = run_spec(replace(spec, factory=recording, behaviour_config=config))
+    failed = [(r.check, r.findings) for r in results if r.outcome is not Outcome.PASSED]
+    assert results and not failed
+    assert built and all(pool.head_major for pool in built)
