@@ -180,7 +180,7 @@ def pool_config(
         # attention layers) do: attention then reads a row's run of slots in place, each head
         # contiguous, with no copy per step. ``mla``, ``dsa`` and ``hisparse`` ignore the
         # option (a one-head latent is contiguous per head already; see
-        # docs/integrations/transformers.md, "Performance").
+        # docs/integrations/transformers.md, "How attention reads the pool").
         options={"head_major": True},
     )
     if mla:

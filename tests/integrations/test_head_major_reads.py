@@ -1,5 +1,6 @@
 """A one-row decode step reads a head-major pool's full-attention rows in place, for every kind
-that keeps them (``mha``, ``swa``'s full layers, ``mamba``'s attention layers).
+that keeps them (``mha``, ``swa``'s full layers, ``mamba``'s attention layers); ``swa``'s
+window layers gather their window slots (a copy) in either layout.
 
 What ``update`` returns is spied on for every attention layer during generation: on a
 head-major pool each decode step's keys and values must be views into the pool's own buffer
@@ -41,11 +42,11 @@ def cache_on(model: Any, kind: str, *, head_major: bool, copy_from: int) -> KVPo
     return cache
 
 
-def spy_on_full_layers(cache: KVPoolCache) -> Reads:
-    """Record what each full-attention layer's ``update`` returns for one-token steps."""
+def spy_on_attention(cache: KVPoolCache) -> Reads:
+    """Record what each attention layer's ``update`` returns for one-token steps."""
     reads: Reads = {}
     for layer in cache.layers:
-        if type(layer) is not PoolAttentionLayer:
+        if type(layer) not in (PoolAttentionLayer, PoolSlidingLayer):
             continue
         original: Callable[..., tuple[torch.Tensor, torch.Tensor]] = layer.update
         got = reads.setdefault(layer.plan.index, [])
@@ -83,22 +84,24 @@ def test_a_head_major_pool_is_read_in_place_and_a_copying_one_is_not(tiny: Any, 
     runs = {}
     for head_major, copy_from in ((True, 0), (False, 0)):
         cache = cache_on(model, KINDS[name], head_major=head_major, copy_from=copy_from)
-        reads = spy_on_full_layers(cache)
+        reads = spy_on_attention(cache)
         out = generate(model, cache, 1, new_tokens=4)
         assert cache.rows.run_start is not None  # a one-row batch on consecutive slots
         assert reads and all(len(steps) == 3 for steps in reads.values())  # 3 decode steps
         for index, steps in reads.items():
+            # A window layer of an swa pool gathers its window slots: a copy in either layout.
+            in_place = head_major and not cache.layers[index].is_sliding
             key_buffer, value_buffer = cache.pool.get_kv_buffer(index)
             for key, value in steps:
-                assert inside(key, key_buffer) is head_major, (name, index, head_major)
-                assert inside(value, value_buffer) is head_major, (name, index, head_major)
+                assert inside(key, key_buffer) is in_place, (name, index, head_major)
+                assert inside(value, value_buffer) is in_place, (name, index, head_major)
         runs[head_major] = out
     assert identical(runs[True], runs[False])
 
 
 def test_the_qwen2_swa_window_layers_sit_on_the_window_side(tiny: Any) -> None:
-    """The spy above skips sliding layers: on an ``swa`` pool they gather their window slots
-    (never one run of full slots), so only the full layers can be read in place."""
+    """Why the window layers above are copies: on an ``swa`` pool they read window slots
+    (through the full -> window table), never one run of full slots."""
     cache = cache_on(tiny("qwen2-swa"), "swa", head_major=True, copy_from=0)
     sliding = [layer for layer in cache.layers if isinstance(layer, PoolSlidingLayer)]
     assert sliding and all(layer.windowed_pool for layer in sliding)
