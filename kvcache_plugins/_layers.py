@@ -1,10 +1,18 @@
-"""Small helpers every built-in pool shares: layer-id resolution and write-slot checks."""
+"""Small helpers every built-in pool shares: layer-id resolution, write-slot checks and the
+``head_major`` option."""
 
 from __future__ import annotations
 
 import torch
 
-from kvcache_core import InvalidLayerError, InvalidSlotError, KVWriteLoc, LayerLike, check_slots
+from kvcache_core import (
+    InvalidLayerError,
+    InvalidSlotError,
+    KVWriteLoc,
+    LayerLike,
+    PoolConfig,
+    check_slots,
+)
 
 
 class LayerTypeError(InvalidLayerError, TypeError):
@@ -72,3 +80,16 @@ def write_slots(
     return check_slots(
         loc, limit=limit, name=name, allow_zero=True, check_values=check_values, device=device
     )
+
+
+def head_major_option(config: PoolConfig) -> bool:
+    """``config.options["head_major"]`` (default False), refused unless it is a bool.
+
+    One parser for every pool whose token rows are ``MHATokenToKVPool`` buffers (``mha``,
+    ``swa``, ``mamba``), so they accept the same values and refuse the rest with the
+    same message. A truthy string such as ``"no"`` is refused rather than read as True.
+    """
+    head_major = config.options.get("head_major", False)
+    if not isinstance(head_major, bool):
+        raise TypeError(f"PoolConfig.options['head_major'] must be a bool, got {head_major!r}")
+    return head_major

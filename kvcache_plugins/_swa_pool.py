@@ -63,7 +63,9 @@ class SWAKVPool:
 
     ``size``/``page_size``/``dtype``/``device``/``layer_num`` describe the pool as the engine
     sees it: ``size`` counts full slots (the ids an allocator returns) and ``layer_num`` counts
-    every layer, full and window.
+    every layer, full and window. ``head_major`` keeps both sides' rows head-major in memory
+    (as ``MHATokenToKVPool`` does): the buffers, writes and snapshots are the same, and a
+    snapshot loads into a pool of the other layout.
     """
 
     kind = "swa"
@@ -86,6 +88,7 @@ class SWAKVPool:
         swa_v_head_dim: int | None = None,
         start_layer: int = 0,
         check_write_slots: bool | None = None,
+        head_major: bool = False,
     ) -> None:
         ids = tuple(int(i) for i in swa_layer_ids)
         every = range(start_layer, start_layer + layer_num)
@@ -112,6 +115,7 @@ class SWAKVPool:
         self.start_layer = start_layer
         self.swa_layer_ids = tuple(sorted(ids))
         self.full_layer_ids = full_ids
+        self.head_major = head_major
         self.full_pool = MHATokenToKVPool(
             size,
             page_size,
@@ -122,6 +126,7 @@ class SWAKVPool:
             self.device,
             v_head_dim=v_head_dim,
             check_write_slots=check_write_slots,
+            head_major=head_major,
         )
         window_dim = swa_head_dim if swa_head_dim is not None else head_dim
         self.swa_pool = MHATokenToKVPool(
@@ -134,6 +139,7 @@ class SWAKVPool:
             self.device,
             v_head_dim=swa_v_head_dim,
             check_write_slots=check_write_slots,
+            head_major=head_major,
         )
         self.check_write_slots = self.full_pool.check_write_slots
         self._trusted: CheckedSWASnapshot | None = None  # see trusting()

@@ -36,7 +36,7 @@ from kvcache_core import (
     hookimpl,
 )
 
-from ._layers import layer_id_of
+from ._layers import head_major_option, layer_id_of
 from ._mamba_state import MambaPool, MambaSlotAllocator
 from .mha import MHATokenToKVPool
 
@@ -74,7 +74,9 @@ class HybridMambaKVPool:
 
     ``size``, ``page_size`` and ``dtype`` describe the attention token pool; ``layer_num``
     counts every layer of the model. ``get_kv_size_bytes`` counts the attention KV only: the
-    state store is shared with the request pool and accounted for there.
+    state store is shared with the request pool and accounted for there. ``head_major`` keeps
+    the attention rows head-major in memory (as ``MHATokenToKVPool`` does; the Mamba state is
+    per request, not per token, and has no heads-by-slots layout to choose).
     """
 
     kind = "mamba"
@@ -95,6 +97,7 @@ class HybridMambaKVPool:
         v_head_dim: int | None = None,
         start_layer: int = 0,
         check_write_slots: bool | None = None,
+        head_major: bool = False,
     ) -> None:
         every = range(start_layer, start_layer + layer_num)
         ids = mamba_pool.mamba_layer_ids
@@ -115,6 +118,7 @@ class HybridMambaKVPool:
         self.mamba_layer_ids = ids
         self.attention_layer_ids = attention
         self.mamba_pool = mamba_pool
+        self.head_major = head_major
         self.attention_pool = MHATokenToKVPool(
             size,
             page_size,
@@ -125,6 +129,7 @@ class HybridMambaKVPool:
             self.device,
             v_head_dim=v_head_dim,
             check_write_slots=check_write_slots,
+            head_major=head_major,
         )
         self._attention_local = {g: i for i, g in enumerate(attention)}
 
@@ -307,11 +312,14 @@ def create(config: PoolConfig) -> tuple[HybridMambaKVPool, HybridMambaAllocator]
     Needs ``mamba_layer_ids`` (global ids; every other layer is attention), ``mamba_size``
     (request slots) and ``temporal_state_shape``; ``conv_state_shapes`` may be empty.
     ``mamba_dtype`` defaults to float32, the precision recurrent state is usually kept in.
+    ``config.options["head_major"]`` (a bool, default False) keeps the attention rows
+    head-major, as the ``mha`` pool's option does.
     """
     if not config.mamba_layer_ids or config.mamba_size is None:
         raise ValueError("the mamba pool needs PoolConfig.mamba_layer_ids and mamba_size")
     if config.temporal_state_shape is None:
         raise ValueError("the mamba pool needs PoolConfig.temporal_state_shape")
+    head_major = head_major_option(config)  # refused before anything is allocated
     state = MambaPool(
         size=config.mamba_size,
         mamba_layer_ids=config.mamba_layer_ids,
@@ -332,6 +340,7 @@ def create(config: PoolConfig) -> tuple[HybridMambaKVPool, HybridMambaAllocator]
         v_head_dim=config.v_head_dim,
         start_layer=config.start_layer,
         check_write_slots=config.checks_write_slots,
+        head_major=head_major,
     )
     requests = MambaSlotAllocator(config.mamba_size, config.device)
     return pool, HybridMambaAllocator(config.size, config.page_size, pool, requests)

@@ -25,7 +25,7 @@ from kvcache_core import (
     unwrap_write_loc,
 )
 
-from ._layers import check_loc, layer_id_of, local_layer, write_slots
+from ._layers import check_loc, head_major_option, layer_id_of, local_layer, write_slots
 
 __all__ = ["MHATokenToKVPool", "create", "kvcache_pool_specs"]
 
@@ -231,9 +231,6 @@ def create(config: PoolConfig) -> tuple[MHATokenToKVPool, PagedSlotAllocator]:
     snapshots are the same, attention that reads runs of slots in place is faster, offloads
     are slower.
     """
-    head_major = config.options.get("head_major", False)
-    if not isinstance(head_major, bool):
-        raise TypeError(f"PoolConfig.options['head_major'] must be a bool, got {head_major!r}")
     pool = MHATokenToKVPool(
         size=config.size,
         page_size=config.page_size,
@@ -245,7 +242,7 @@ def create(config: PoolConfig) -> tuple[MHATokenToKVPool, PagedSlotAllocator]:
         v_head_dim=config.v_head_dim,
         start_layer=config.start_layer,
         check_write_slots=config.checks_write_slots,
-        head_major=head_major,
+        head_major=head_major_option(config),
     )
     return pool, PagedSlotAllocator(config.size, config.page_size, pool)
 

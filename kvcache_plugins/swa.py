@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from kvcache_core import Capability, PoolConfig, PoolSpec, hookimpl
 
+from ._layers import head_major_option
 from ._swa_allocator import SWASlotAllocator
 from ._swa_pool import CheckedSWASnapshot, SWAKVPool
 
@@ -20,9 +21,11 @@ def create(config: PoolConfig) -> tuple[SWAKVPool, SWASlotAllocator]:
     ``swa_layer_ids`` are global layer ids; ``swa_size`` (window slots) defaults to ``size``;
     ``swa_head_num``/``swa_head_dim`` default to the full layers' geometry. When the window
     has its own ``swa_head_dim`` its values use that dim too (``v_head_dim`` is the full
-    layers').
+    layers'). ``config.options["head_major"]`` (a bool, default False) keeps both sides'
+    rows head-major, as the ``mha`` pool's option does.
     """
     swa_size = config.swa_size if config.swa_size is not None else config.size
+    head_major = head_major_option(config)  # refused before anything is allocated
     pool = SWAKVPool(
         size=config.size,
         swa_size=swa_size,
@@ -39,6 +42,7 @@ def create(config: PoolConfig) -> tuple[SWAKVPool, SWASlotAllocator]:
         swa_v_head_dim=config.v_head_dim if config.swa_head_dim is None else None,
         start_layer=config.start_layer,
         check_write_slots=config.checks_write_slots,
+        head_major=head_major,
     )
     return pool, SWASlotAllocator(config.size, swa_size, config.page_size, pool)
 

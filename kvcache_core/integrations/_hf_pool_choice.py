@@ -176,9 +176,11 @@ def pool_config(
         # The integration hands the pool only slots its own allocator returned; range-checking
         # them again on every write would read them back each layer-step.
         validate_write_slots=False,
-        # Pools that can keep rows head-major (``mha``) do: attention then reads a row's run
-        # of slots in place, each head contiguous, with no copy per step (other kinds ignore
-        # the option; see docs/integrations/transformers.md, "Performance").
+        # Pools that can keep rows head-major (``mha``, ``swa`` on both sides, ``mamba``'s
+        # attention layers) do: attention then reads a row's run of slots in place, each head
+        # contiguous, with no copy per step. ``mla``, ``dsa`` and ``hisparse`` ignore the
+        # option (a one-head latent is contiguous per head already; see
+        # docs/integrations/transformers.md, "How attention reads the pool").
         options={"head_major": True},
     )
     if mla:
