@@ -296,8 +296,18 @@ class KVPoolCache(Cache):
                 return run
             return run.contiguous()
         index = rows.table[:, lo:hi].reshape(-1) if slots is None else slots
+        batch, count = rows.batch, hi - lo
+        if by_head.stride(1) != by_head.shape[-1]:
+            # A row-major pool: whole token rows gathered, then one copy into attention's
+            # layout (measured faster than gathering along the strided slot dimension).
+            got = buffer.index_select(0, index)
+            return got.view(batch, count, *got.shape[1:]).transpose(1, 2).contiguous()
         got = by_head.index_select(1, index)
-        return got.view(got.shape[0], rows.batch, hi - lo, *got.shape[2:]).transpose(0, 1)
+        heads = got.view(got.shape[0], batch, count, *got.shape[2:]).transpose(0, 1)
+        # Several rows: contiguous [batch, heads, positions, dim], as DynamicCache's concatenation
+        # is. Eager attention flattens batch and heads with ``view`` (which a batch-strided
+        # tensor refuses) and its batched matmul rounds differently on other strides.
+        return heads if batch == 1 else heads.contiguous()
 
     # -- retraction --------------------------------------------------------------------------
     def _state_layers(self) -> list[StagedStateLayer]:
