@@ -93,6 +93,12 @@ def required_capabilities(layout: ModelLayout, page_size: int) -> PoolNeeds:
     elif kinds == {LayerKind.FULL, LayerKind.MAMBA}:
         ids = [p.index for p in layout.of_kind(LayerKind.MAMBA)]
         why[Capability.MAMBA_STATE] = f"layers {ids} keep Mamba state"
+    elif kinds == {LayerKind.MAMBA}:
+        raise UnsupportedLayerError(
+            "every layer that caches keeps Mamba / linear-attention state and none attention "
+            "KV: no pool kind serves a recurrent-only model here (the mamba pool pairs request "
+            "state with attention KV)"
+        )
     else:
         names = ", ".join(sorted(k.value for k in kinds))
         raise UnsupportedLayerError(

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers.cache_utils import Cache
+from transformers.cache_utils import Cache, DummyLayer
 
 from ..contracts.allocator import MambaSlotAllocator, SWAAllocator
 from ..contracts.snapshot import KVSnapshot
@@ -176,8 +176,10 @@ class KVPoolCache(Cache):
                 layers.append(PoolSlidingLayer(plan, self, windowed_pool=self._windowed))
             elif plan.kind is LayerKind.MLA:
                 layers.append(PoolLatentLayer(plan, self))
-            else:
+            elif plan.kind is LayerKind.MAMBA:
                 layers.append(StagedStateLayer(plan, self))
+            else:  # caches nothing: transformers' own placeholder, as in its DynamicCache
+                layers.append(DummyLayer())
         super().__init__(layers=layers)
         self._handles: dict[int, RetractedRow] = {}
         #: Rows retracted so far, and the bytes their snapshots held.
