@@ -1,0 +1,225 @@
+"""The transformers integration on every decoder-only architecture a tiny config can build.
+
+Nothing in the integration is keyed to a model's name, so each architecture whose layers map
+to a pool kind must generate on a ``KVPoolCache`` exactly as on transformers' own
+``DynamicCache``: greedy, a batch of two rows (the second left-padded), eight new tokens, the
+padded row retracted and resumed in the middle (its old slots taken away, every free slot
+overwritten with garbage first), tokens and every step's logits bit-identical. Each runs on
+the pool the capabilities choose, recorded here (and in docs/integrations/transformers.md).
+An architecture whose layers no pool kind serves must be refused by ``for_model`` itself, with
+a ``KVCacheError`` that names the layer (or says why the model as a whole cannot be served).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from kvcache_core import KVCacheError
+from kvcache_core.integrations.transformers import KVPoolCache, UnsupportedLayerError
+
+from .hf_architectures import tiny_model
+from .hf_harness import Retractor, generate, identical
+
+NEW_TOKENS = 8
+
+#: Architecture -> the pool ``for_model`` chooses for it (by capabilities, never by name).
+RUNS = {
+    **dict.fromkeys(
+        [
+            "apertus",
+            "apertus1p5_text",
+            "arcee",
+            "aria_text",
+            "biogpt",
+            "bitnet",
+            "bloom",
+            "codegen",
+            "cohere",
+            "ctrl",
+            "diffllama",
+            "doge",
+            "dots1",
+            "ernie4_5",
+            "ernie4_5_moe",
+            "exaone",
+            "falcon",
+            "flex_olmo",
+            "gemma",
+            "glm",
+            "glm4",
+            "glm4_moe",
+            "gpt-sw3",
+            "gpt2",
+            "gpt_bigcode",
+            "gpt_neo",
+            "gpt_neox",
+            "gpt_neox_japanese",
+            "gptj",
+            "granite",
+            "granitemoe",
+            "granitemoeshared",
+            "helium",
+            "hrm_text",
+            "hunyuan_v1_dense",
+            "hunyuan_v1_moe",
+            "hy_v3",
+            "hyperclovax",
+            "internlm3",
+            "iquestcoder",
+            "jais2",
+            "jetmoe",
+            "kolibri1",
+            "laguna",
+            "llama",
+            "mellum",
+            "minimax_m2",
+            "minimax_m3_vl_text",
+            "ministral",
+            "ministral3",
+            "mistral",
+            "mixtral",
+            "moshi",
+            "nanochat",
+            "nemotron",
+            "olmo",
+            "olmo2",
+            "olmoe",
+            "opt",
+            "persimmon",
+            "phi",
+            "phi3",
+            "phimoe",
+            "qwen2",
+            "qwen2_moe",
+            "qwen3",
+            "qwen3_moe",
+            "sarvam_moe",
+            "seed_oss",
+            "smollm3",
+            "solar_open",
+            "stablelm",
+            "starcoder2",
+            "xglm",
+        ],
+        "mha",
+    ),
+    **dict.fromkeys(
+        [
+            "afmoe",
+            "beam",
+            "cohere2",
+            "cohere2_moe",
+            "cwm",
+            "exaone4",
+            "exaone_moe",
+            "flint",
+            "gemma2",
+            "gemma3_text",
+            "gemma4_text",
+            "gpt_oss",
+            "granite_swa",
+            "granitemoe_swa",
+            "llama4_text",
+            "modernbert-decoder",
+            "olmo3",
+            "vaultgemma",
+        ],
+        "swa",
+    ),
+    **dict.fromkeys(
+        [
+            "axk1",
+            "deepseek_v2",
+            "deepseek_v3",
+            "glm4_moe_lite",
+            "longcat_flash",
+            "minicpm3",
+            "sarvam_mla",
+            "youtu",
+        ],
+        "mla",
+    ),
+    **dict.fromkeys(
+        [
+            "bamba",
+            "granitemoehybrid",
+            "jamba",
+            "nemotron_h",
+            "olmo_hybrid",
+            "qwen3_5_moe_text",
+            "qwen3_5_text",
+            "qwen3_next",
+        ],
+        "mamba",
+    ),
+}
+
+_HYBRID = r"layer 0 \('hybrid.*keeps both a linear-attention state and attention KV"
+_DSA = r"layer 0 \('indexed_attention'.*DynamicIndexedLayer\) holds DSA indexer keys"
+_NOTHING = r"wrote nothing into transformers' DynamicCache"
+_OWN_CACHE = r"cannot run one token on transformers' DynamicCache"
+_RECURRENT_ONLY = r"no pool kind serves a recurrent-only model"
+
+#: id -> (architecture, config overrides, what ``for_model`` must say). Every message names
+#: the layer, or says why the model as a whole has nothing a pool could hold.
+REFUSALS: dict[str, tuple[str, dict[str, Any], str]] = {
+    "falcon_h1": ("falcon_h1", {}, _HYBRID),
+    "zamba2": ("zamba2", {}, r"layer 1 \('hybrid'.*LinearAttentionAndFullAttentionLayer"),
+    "zaya": ("zaya", {}, _HYBRID),
+    "inkling_text": ("inkling_text", {}, r"LinearAttentionAndSlidingWindowAttentionLayer"),
+    "axk2": ("axk2", {}, _DSA),
+    "deepseek_v32": ("deepseek_v32", {}, _DSA),
+    "glm_moe_dsa": ("glm_moe_dsa", {}, _DSA),
+    "dots3_note_text": ("dots3_note_text", {}, _DSA),
+    "hy_v4": ("hy_v4", {}, _DSA),
+    "deepseek_v4": ("deepseek_v4", {}, r"layer 0 .*DeepseekV4HCACache\) is a cache layer kind"),
+    "lfm2": ("lfm2", {}, r"layer 0 \('conv'.*keeps no recurrent state"),
+    "lfm2_moe": ("lfm2_moe", {}, r"layer 0 \('conv'.*keeps no recurrent state"),
+    "recurrent_gemma": ("recurrent_gemma", {}, r"layer 0 \('linear_attention'.*keeps no conv"),
+    "lara_mini": ("lara_mini", {}, r"mixing Mamba / linear-attention state, full attention, "),
+    "bailing_hybrid": ("bailing_hybrid", {}, r"mixing MLA latent, Mamba"),
+    "kimi_linear": ("kimi_linear", {}, r"mixing MLA latent, Mamba"),
+    "mimo_v2_flash": ("mimo_v2_flash", {}, r"window layers cache \(4, 16, 16\).*\(2, 16, 16\)"),
+    "gemma4_text-wide-global-heads": (
+        "gemma4_text",
+        {"global_head_dim": 64},
+        r"window layers cache \(2, 16, 16\) .* but full layers \(2, 64, 64\)",
+    ),
+    "mamba": ("mamba", {}, _RECURRENT_ONLY),
+    "mamba2": ("mamba2", {}, _RECURRENT_ONLY),
+    "falcon_mamba": ("falcon_mamba", {}, _RECURRENT_ONLY),
+    "rwkv": ("rwkv", {}, _NOTHING),
+    "openai-gpt": ("openai-gpt", {}, _NOTHING),
+    "minimax": ("minimax", {}, _OWN_CACHE),
+    "xlstm": ("xlstm", {}, _OWN_CACHE),
+}
+
+
+def _reference(model: Any) -> Any:
+    return generate(model, DynamicCache(config=model.config), 2, new_tokens=NEW_TOKENS)
+
+
+@pytest.mark.parametrize("arch", sorted(RUNS))
+def test_identical_to_dynamic_cache_through_a_retraction(arch: str) -> None:
+    model = tiny_model(arch)
+    want = _reference(model)
+    cache = KVPoolCache.for_model(model, size=256)
+    retractor = Retractor(cache, frozenset({4}), row=1)
+    got = generate(model, cache, 2, processors=[retractor], new_tokens=NEW_TOKENS)
+    assert cache.pool_name == RUNS[arch]
+    assert cache.retractions == 1 and retractor.moved == [True]
+    assert torch.equal(got.sequences, want.sequences)
+    assert identical(got, want)
+
+
+@pytest.mark.parametrize("case", sorted(REFUSALS))
+def test_unserved_architectures_are_refused_by_for_model(case: str) -> None:
+    arch, overrides, message = REFUSALS[case]
+    model = tiny_model(arch, **overrides)
+    with pytest.raises(UnsupportedLayerError, match=message) as refused:
+        KVPoolCache.for_model(model, size=256)
+    assert isinstance(refused.value, KVCacheError)
