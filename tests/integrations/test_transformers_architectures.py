@@ -12,19 +12,24 @@ a ``KVCacheError`` that names the layer (or says why the model as a whole cannot
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DummyLayer
 
 from kvcache_core import KVCacheError
+from kvcache_core.integrations._hf_layout import LayerKind, probe_layout
 from kvcache_core.integrations.transformers import KVPoolCache, UnsupportedLayerError
 
 from .hf_architectures import tiny_model
 from .hf_harness import Retractor, generate, identical
 
 NEW_TOKENS = 8
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "integrations" / "transformers.md"
 
 #: Architecture -> the pool ``for_model`` chooses for it (by capabilities, never by name).
 RUNS = {
@@ -223,3 +228,44 @@ def test_unserved_architectures_are_refused_by_for_model(case: str) -> None:
     with pytest.raises(UnsupportedLayerError, match=message) as refused:
         KVPoolCache.for_model(model, size=256)
     assert isinstance(refused.value, KVCacheError)
+
+
+@pytest.mark.parametrize("arch", ["mistral", "ministral"])
+def test_sliding_only_architectures_are_the_ones_on_an_mha_pool(arch: str) -> None:
+    """What the guide says of mistral and ministral: every layer sliding, served by ``mha``."""
+    layout = probe_layout(tiny_model(arch))
+    assert layout.kinds == {LayerKind.SLIDING} and RUNS[arch] == "mha"
+
+
+def _guide() -> str:
+    return GUIDE.read_text(encoding="utf-8")
+
+
+def test_the_guide_lists_exactly_the_architectures_run_and_their_pools() -> None:
+    listed = _guide().split("<!-- architectures:start -->")[1].split("<!-- architectures:end -->")
+    documented: dict[str, str] = {}
+    for entry in listed[0].split("\n- ")[1:]:
+        pool, names = entry.split(":", 1)
+        for name in re.sub(r"\([^)]*\)", "", names).replace("\n", " ").split(","):
+            documented[name.strip()] = pool.strip("` -\n")
+    assert documented == RUNS
+
+
+def test_the_guide_names_every_refused_architecture() -> None:
+    text = " ".join(_guide().split("These are refused by `for_model`")[1].split("\n\n")[0].split())
+    refused = {arch for arch, _, _ in REFUSALS.values()} - set(RUNS)
+    named = set(re.findall(r"[a-z][a-z0-9_-]*[a-z0-9]", text))
+    assert refused <= named
+
+
+def test_a_layer_that_caches_nothing_keeps_its_place_and_its_buffers_stay_unused() -> None:
+    """nemotron_h's MLP/MoE-only layers: transformers' placeholder in the cache, their pool
+    buffers (kept, since pools index layers globally) never written by a generation."""
+    model = tiny_model("nemotron_h")
+    cache = KVPoolCache.for_model(model, size=256)
+    idle = cache.layout.of_kind(LayerKind.NONE)
+    assert idle and all(type(cache.layers[p.index]) is DummyLayer for p in idle)
+    before = [t.clone() for p in idle for t in cache.pool.get_kv_buffer(p.index)]
+    generate(model, cache, 2, new_tokens=NEW_TOKENS)
+    after = [t for p in idle for t in cache.pool.get_kv_buffer(p.index)]
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
