@@ -65,7 +65,18 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "zamba2": {"layers_block_type": ["mamba", "hybrid"] * 2},
     "zaya": {"num_experts_per_tok": 1},
     "dots3_note_text": {"num_key_value_heads": 4},
+    "cohere_compass_text": {
+        "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+    },
     "gemma3_text": {"layer_types": ["sliding_attention", "full_attention"] * 2},
+    "gemma3n_text": {
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+        "num_kv_shared_layers": 2,
+        "hidden_size_per_layer_input": 16,
+        "vocab_size_per_layer_input": 128,
+        "intermediate_size": [128] * 4,
+        "activation_sparsity_pattern": [0.0] * 4,
+    },
     "gemma4_text": {
         "global_head_dim": 16,
         "layer_types": ["sliding_attention", "full_attention"] * 2,

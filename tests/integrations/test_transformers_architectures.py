@@ -44,6 +44,7 @@ RUNS = {
             "bloom",
             "codegen",
             "cohere",
+            "cohere_compass_text",
             "ctrl",
             "diffllama",
             "doge",
@@ -124,6 +125,7 @@ RUNS = {
             "flint",
             "gemma2",
             "gemma3_text",
+            "gemma3n_text",
             "gemma4_text",
             "gpt_oss",
             "granite_swa",
@@ -164,6 +166,7 @@ RUNS = {
 }
 
 _HYBRID = r"layer 0 \('hybrid.*keeps both a linear-attention state and attention KV"
+_HYBRID_SLIDING = r"layer 0 \('hybrid_sliding'.*LinearAttentionAndSlidingWindowAttentionLayer"
 _DSA = r"layer 0 \('indexed_attention'.*DynamicIndexedLayer\) holds DSA indexer keys"
 _NOTHING = r"wrote nothing into transformers' DynamicCache"
 _OWN_CACHE = r"cannot run one token on transformers' DynamicCache"
@@ -175,7 +178,9 @@ REFUSALS: dict[str, tuple[str, dict[str, Any], str]] = {
     "falcon_h1": ("falcon_h1", {}, _HYBRID),
     "zamba2": ("zamba2", {}, r"layer 1 \('hybrid'.*LinearAttentionAndFullAttentionLayer"),
     "zaya": ("zaya", {}, _HYBRID),
-    "inkling_text": ("inkling_text", {}, r"LinearAttentionAndSlidingWindowAttentionLayer"),
+    "inkling_text": ("inkling_text", {}, _HYBRID_SLIDING),
+    "inkling2_text": ("inkling2_text", {}, _HYBRID_SLIDING),
+    "inkling2_loop_text": ("inkling2_loop_text", {}, _HYBRID_SLIDING),
     "axk2": ("axk2", {}, _DSA),
     "deepseek_v32": ("deepseek_v32", {}, _DSA),
     "glm_moe_dsa": ("glm_moe_dsa", {}, _DSA),
