@@ -57,7 +57,8 @@ class LayerPlan:
 
     Attention kinds fill ``heads``/``head_dim``/``v_head_dim`` (MLA: one head, the latent and
     rope widths); sliding layers also ``window``; Mamba layers ``conv_shape`` and
-    ``state_shape`` (per request, without the batch dimension).
+    ``state_shape`` (per request, without the batch dimension; ``()`` for a state the layer
+    does not keep, such as the recurrent state of a short-convolution layer).
     """
 
     index: int
@@ -121,16 +122,16 @@ def _plan(config: Any, index: int, layer: Any, cache_utils: Any) -> LayerPlan:
                 f"{name} keeps {layer.number_of_states} recurrent states; the Mamba pool keeps one"
             )
         conv, state = layer.conv_states[0], layer.recurrent_states[0]
-        if conv is None or state is None:
+        if conv is None and state is None:
             raise UnsupportedLayerError(
-                f"{name} keeps {'no conv' if conv is None else 'no recurrent'} state; the Mamba "
-                "pool stores exactly one conv state and one recurrent state per request"
+                f"{name} was not written by a forward pass: the model keeps that state outside "
+                "transformers' cache, where no retraction could move it"
             )
         return LayerPlan(
             index,
             LayerKind.MAMBA,
-            conv_shape=tuple(conv.shape[1:]),
-            state_shape=tuple(state.shape[1:]),
+            conv_shape=() if conv is None else tuple(conv.shape[1:]),
+            state_shape=() if state is None else tuple(state.shape[1:]),
         )
     if not is_attention or isinstance(layer, cache_utils.DynamicIndexedLayer):
         what = "DSA indexer keys" if is_attention else "no per-token KV of its own"
@@ -207,7 +208,8 @@ def probe_layout(model: Any) -> ModelLayout:
     state_dtype: torch.dtype | None = None
     for i, layer in enumerate(probe.layers):
         if layers[i].kind is LayerKind.MAMBA:
-            state_dtype = layer.recurrent_states[0].dtype
+            kept = layer.recurrent_states[0]
+            state_dtype = (kept if kept is not None else layer.conv_states[0]).dtype
         elif layers[i].kind is not LayerKind.NONE and dtype is None:
             dtype = layer.keys.dtype
     return ModelLayout(

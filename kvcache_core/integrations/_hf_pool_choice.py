@@ -212,8 +212,11 @@ def pool_config(
             config,
             mamba_layer_ids=tuple(p.index for p in mamba),
             mamba_size=max_batch,
-            conv_state_shapes=(conv,),
-            temporal_state_shape=state,
+            # A layer without a conv state (a plain recurrence) keeps none in the pool. The
+            # pool always keeps a temporal state: a layer without one (a short convolution)
+            # gets a one-element placeholder per request, never written.
+            conv_state_shapes=(conv,) if conv else (),
+            temporal_state_shape=state if state else (1,),
             mamba_dtype=layout.state_dtype,
         )
     return config

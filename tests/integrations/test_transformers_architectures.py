@@ -21,10 +21,11 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DummyLayer
 
-from kvcache_core import KVCacheError
+from kvcache_core import KVCacheError, discover
 from kvcache_core.integrations._hf_layout import LayerKind, probe_layout
 from kvcache_core.integrations.transformers import KVPoolCache, UnsupportedLayerError
 
+from . import hf_broken_pools
 from .hf_architectures import tiny_model
 from .hf_harness import Retractor, generate, identical
 
@@ -155,6 +156,8 @@ RUNS = {
             "bamba",
             "granitemoehybrid",
             "jamba",
+            "lfm2",
+            "lfm2_moe",
             "nemotron_h",
             "olmo_hybrid",
             "qwen3_5_moe_text",
@@ -187,9 +190,11 @@ REFUSALS: dict[str, tuple[str, dict[str, Any], str]] = {
     "dots3_note_text": ("dots3_note_text", {}, _DSA),
     "hy_v4": ("hy_v4", {}, _DSA),
     "deepseek_v4": ("deepseek_v4", {}, r"layer 0 .*DeepseekV4HCACache\) is a cache layer kind"),
-    "lfm2": ("lfm2", {}, r"layer 0 \('conv'.*keeps no recurrent state"),
-    "lfm2_moe": ("lfm2_moe", {}, r"layer 0 \('conv'.*keeps no recurrent state"),
-    "recurrent_gemma": ("recurrent_gemma", {}, r"layer 0 \('linear_attention'.*keeps no conv"),
+    "recurrent_gemma": (
+        "recurrent_gemma",
+        {},
+        r"layer 0 \('linear_attention'.*keeps that state outside transformers' cache",
+    ),
     "lara_mini": ("lara_mini", {}, r"mixing Mamba / linear-attention state, full attention, "),
     "bailing_hybrid": ("bailing_hybrid", {}, r"mixing MLA latent, Mamba"),
     "kimi_linear": ("kimi_linear", {}, r"mixing MLA latent, Mamba"),
@@ -274,3 +279,34 @@ def test_a_layer_that_caches_nothing_keeps_its_place_and_its_buffers_stay_unused
     generate(model, cache, 2, new_tokens=NEW_TOKENS)
     after = [t for p in idle for t in cache.pool.get_kv_buffer(p.index)]
     assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+@pytest.mark.parametrize("arch", ["lfm2", "bamba"])
+def test_a_pool_that_drops_the_state_is_caught(arch: str) -> None:
+    """The negative control: a pool whose offload drops the Mamba state gives other logits,
+    for short-convolution layers (lfm2: a conv state only) as for Mamba ones."""
+    model = tiny_model(arch)
+    want = _reference(model)
+    broken = discover(plugins=[hf_broken_pools], allow=[])
+    cache = KVPoolCache.for_model(model, "mamba-drops-state", size=256, registry=broken)
+    retractor = Retractor(cache, frozenset({4}), row=1)
+    got = generate(model, cache, 2, processors=[retractor], new_tokens=NEW_TOKENS)
+    assert cache.retractions == 1 and not identical(got, want)
+
+
+def test_a_conv_only_layer_gets_a_placeholder_recurrent_state_never_written() -> None:
+    """lfm2's short convolutions keep a conv state only: the pool's required temporal state is
+    one element per request, and stays zero through generation and a retraction."""
+    model = tiny_model("lfm2")
+    cache = KVPoolCache.for_model(model, size=256)
+    conv_layers = cache.layout.of_kind(LayerKind.MAMBA)
+    assert conv_layers and all(p.state_shape == () and p.conv_shape for p in conv_layers)
+    retractor = Retractor(cache, frozenset({4}), row=1)
+    generate(model, cache, 2, processors=[retractor], new_tokens=NEW_TOKENS)
+    cache.flush_state()
+    live = cache.rows.request_slots  # (the retractor poisoned the free ones)
+    assert live is not None
+    for plan in conv_layers:
+        (conv,), temporal = cache.pool.get_mamba_state(plan.index)
+        assert temporal.shape[1:] == (1,) and not temporal[live].any()
+        assert conv[live].any()  # the conv state itself did reach the pool

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from kvcache_core import KVCacheError, UnknownPoolError, discover
+from kvcache_core import Capability, KVCacheError, UnknownPoolError, discover
 from kvcache_core.integrations._hf_layout import LayerKind, LayerPlan, ModelLayout
 from kvcache_core.integrations._hf_pool_choice import required_capabilities
 from kvcache_core.integrations.transformers import (
@@ -122,7 +122,7 @@ def test_unserved_layer_type_is_named() -> None:
     [
         ({LayerKind.MLA, LayerKind.FULL}, "MLA latent, full attention"),
         ({LayerKind.SLIDING, LayerKind.MAMBA}, "Mamba / linear-attention state, sliding-window"),
-        ({LayerKind.MAMBA}, "Mamba / linear-attention state layers"),
+        ({LayerKind.MLA, LayerKind.MAMBA}, "MLA latent, Mamba / linear-attention state"),
     ],
 )
 def test_unserved_combinations_are_named(kinds: set[LayerKind], message: str) -> None:
@@ -130,6 +130,16 @@ def test_unserved_combinations_are_named(kinds: set[LayerKind], message: str) ->
     layout = ModelLayout(plans, torch.float32, torch.device("cpu"), None)
     with pytest.raises(UnsupportedLayerError, match=f"mixing {message}"):
         required_capabilities(layout, 1)
+
+
+def test_a_recurrent_only_model_is_refused_and_layers_caching_nothing_do_not_count() -> None:
+    """Mamba layers beside layers that cache nothing are still a recurrent-only model."""
+    plans = (LayerPlan(0, LayerKind.MAMBA), LayerPlan(1, LayerKind.NONE))
+    layout = ModelLayout(plans, torch.float32, torch.device("cpu"), None)
+    with pytest.raises(UnsupportedLayerError, match="no pool kind serves a recurrent-only model"):
+        required_capabilities(layout, 1)
+    served = ModelLayout((*plans, LayerPlan(2, LayerKind.FULL)), torch.float32, layout.device, None)
+    assert required_capabilities(served, 1).needs == {Capability.OFFLOAD, Capability.MAMBA_STATE}
 
 
 @pytest.mark.parametrize("value", [0, -4, 2.5, True])
