@@ -230,3 +230,37 @@ def test_kvcache_core_does_not_import_transformers() -> None:
         "assert 'transformers' in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+class _RecurrentToy(torch.nn.Module):
+    """Layer 0 keeps a recurrent state and no conv state; layer 1 is full attention."""
+
+    def __init__(self) -> None:
+        import transformers
+
+        super().__init__()
+        self.config = transformers.Qwen2Config(
+            num_hidden_layers=2, layer_types=["linear_attention", "full_attention"]
+        )
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, input_ids: torch.Tensor, cache: Any, use_cache: bool) -> None:
+        batch, tokens = input_ids.shape
+        state = input_ids.float().mean(1)[:, None, None] * torch.arange(6.0).view(1, 2, 3)
+        cache.update_recurrent_state(state, 0)
+        kv = torch.ones(batch, 1, tokens, 8)
+        cache.update(kv, kv, 1)
+
+
+def test_a_recurrent_state_without_a_conv_state_round_trips_through_the_mamba_pool() -> None:
+    toy = _RecurrentToy()
+    cache = KVPoolCache.for_model(toy, size=32)
+    assert cache.pool_name == "mamba" and cache.pool.get_mamba_state(0)[0] == ()
+    toy(input_ids=torch.tensor([[5, 6, 7], [8, 9, 10]]), cache=cache, use_cache=True)
+    staged = cache.layers[0].recurrent_states[0]
+    before = staged.clone()
+    assert staged[1].any()
+    handle = cache.retract(1)
+    assert not staged[1].any()  # the snapshot is the row's only copy now
+    cache.resume(1, handle)
+    assert torch.equal(staged, before)
