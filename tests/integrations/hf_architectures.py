@@ -64,6 +64,20 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "mamba2": {"num_heads": 4, "head_dim": 32, "n_groups": 1, "state_size": 16, "chunk_size": 16},
     "zamba2": {"layers_block_type": ["mamba", "hybrid"] * 2},
     "zaya": {"num_experts_per_tok": 1},
+    "dbrx": {
+        "d_model": 64,
+        "n_heads": 4,
+        "n_layers": 4,
+        "attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
+        "ffn_config": {"ffn_hidden_size": 64, "moe_num_experts": 4, "moe_top_k": 2},
+    },
+    "reformer": {
+        "is_decoder": True,
+        "axial_pos_shape": [4, 8],
+        "axial_pos_embds_dim": [32, 32],
+        "attn_layers": ["local", "local"],
+        "max_position_embeddings": 32,
+    },
     "dots3_note_text": {"num_key_value_heads": 4},
     "cohere_compass_text": {
         "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}
