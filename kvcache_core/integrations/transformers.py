@@ -203,7 +203,8 @@ class KVPoolCache(Cache):
         The model's layers are probed with one token through transformers' own cache, then
         mapped to a pool kind: full attention only -> an MHA-kind pool; sliding + full -> a
         ``sliding-window`` pool (window layers on its window side); an MLA latent -> an ``mla``
-        pool; full attention + Mamba -> a ``mamba-state`` pool. ``pool`` may name any accepted
+        pool; full attention + Mamba -> a ``mamba-state`` pool (layers that cache nothing keep
+        transformers' ``DummyLayer``). ``pool`` may name any accepted
         pool, a third-party plugin's included, and is held to the capabilities the model needs.
 
         :param model: A transformers causal LM, already in its dtype and on its device.
