@@ -354,15 +354,16 @@ class StagedStateLayer(_Unsupported, LinearAttentionCacheLayerMixin):
         staged.copy_(recurrent_states)
         return staged
 
-    def _pool_state(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _pool_state(self) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """The pool's conv state (None when the layer keeps none) and temporal state."""
         conv, temporal = self.owner.pool.get_mamba_state(self.plan.index)
-        return conv[0], temporal
+        return (conv[0] if conv else None), temporal
 
     def store_row(self, row: int, slot: torch.Tensor) -> None:
         """Copy ``row``'s staged state into request slot ``slot`` of the pool."""
         conv, temporal = self._pool_state()
         staged_conv, staged_state = self.conv_states[0], self.recurrent_states[0]
-        if staged_conv is not None:
+        if staged_conv is not None and conv is not None:
             conv[slot] = staged_conv[row : row + 1].to(conv.dtype)
         if staged_state is not None:
             temporal[slot] = staged_state[row : row + 1].to(temporal.dtype)
@@ -377,7 +378,7 @@ class StagedStateLayer(_Unsupported, LinearAttentionCacheLayerMixin):
         """Copy request slot ``slot``'s state from the pool into ``row``'s staged state."""
         conv, temporal = self._pool_state()
         staged_conv, staged_state = self.conv_states[0], self.recurrent_states[0]
-        if staged_conv is not None:
+        if staged_conv is not None and conv is not None:
             staged_conv[row : row + 1] = conv[slot].to(staged_conv.dtype)
         if staged_state is not None:
             staged_state[row : row + 1] = temporal[slot].to(staged_state.dtype)

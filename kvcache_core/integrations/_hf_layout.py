@@ -6,7 +6,7 @@ what matters to a pool is not the config but what the model's forward actually h
 So [`probe_layout`][kvcache_core.integrations._hf_layout.probe_layout] runs one forward pass of
 one token with transformers' own ``DynamicCache`` and reads, layer by layer, which cache layer
 class transformers chose (full, sliding-window, linear-attention state, ...) and the shapes it
-was given. Nothing here is keyed to a model's name: any model whose layers fall into the four
+was given. Nothing here is keyed to a model's name: any model whose layers fall into the
 kinds below maps to a pool.
 """
 
@@ -20,11 +20,23 @@ import torch
 
 from ..errors import KVCacheError
 
-__all__ = ["LayerKind", "LayerPlan", "ModelLayout", "UnsupportedLayerError", "probe_layout"]
+__all__ = [
+    "LayerKind",
+    "LayerPlan",
+    "ModelLayout",
+    "UnsupportedLayerError",
+    "UnsupportedModelError",
+    "probe_layout",
+]
 
 
 class UnsupportedLayerError(KVCacheError, ValueError):
     """A model layer caches something no pool kind serves (named in the message)."""
+
+
+class UnsupportedModelError(UnsupportedLayerError):
+    """The model as a whole cannot run on a cache of layers (said why in the message): its
+    forward refuses transformers' ``DynamicCache``, or caches nothing in it."""
 
 
 class LayerKind(str, enum.Enum):
@@ -34,6 +46,9 @@ class LayerKind(str, enum.Enum):
     SLIDING = "sliding-window attention"
     MLA = "MLA latent"
     MAMBA = "Mamba / linear-attention state"
+    #: Caches nothing itself: an MLP/MoE-only layer, or one reading KV another layer cached
+    #: (transformers' ``DummyLayer``). It keeps its index; no pool layer of its own is used.
+    NONE = "no cache of its own"
 
 
 @dataclass(frozen=True)
@@ -42,7 +57,8 @@ class LayerPlan:
 
     Attention kinds fill ``heads``/``head_dim``/``v_head_dim`` (MLA: one head, the latent and
     rope widths); sliding layers also ``window``; Mamba layers ``conv_shape`` and
-    ``state_shape`` (per request, without the batch dimension).
+    ``state_shape`` (per request, without the batch dimension; ``()`` for a state the layer
+    does not keep, such as the recurrent state of a short-convolution layer).
     """
 
     index: int
@@ -70,8 +86,8 @@ class ModelLayout:
 
     @property
     def kinds(self) -> frozenset[LayerKind]:
-        """The layer kinds the model has."""
-        return frozenset(p.kind for p in self.layers)
+        """The layer kinds the model caches (layers that cache nothing aside)."""
+        return frozenset(p.kind for p in self.layers if p.kind is not LayerKind.NONE)
 
 
 def _name_of(config: Any, index: int, layer: object) -> str:
@@ -91,6 +107,8 @@ def _mla_dims(config: Any) -> tuple[int, int] | None:
 def _plan(config: Any, index: int, layer: Any, cache_utils: Any) -> LayerPlan:
     """Classify one probed cache layer; unsupported ones raise, naming the layer."""
     name = _name_of(config, index, layer)
+    if type(layer) is cache_utils.DummyLayer:
+        return LayerPlan(index, LayerKind.NONE)
     is_state = isinstance(layer, cache_utils.LinearAttentionCacheLayerMixin)
     is_attention = isinstance(layer, cache_utils.CacheLayerMixin)
     if is_state and is_attention:
@@ -104,16 +122,16 @@ def _plan(config: Any, index: int, layer: Any, cache_utils: Any) -> LayerPlan:
                 f"{name} keeps {layer.number_of_states} recurrent states; the Mamba pool keeps one"
             )
         conv, state = layer.conv_states[0], layer.recurrent_states[0]
-        if conv is None or state is None:
+        if conv is None and state is None:
             raise UnsupportedLayerError(
-                f"{name} keeps {'no conv' if conv is None else 'no recurrent'} state; the Mamba "
-                "pool stores exactly one conv state and one recurrent state per request"
+                f"{name} was not written by a forward pass: the model keeps that state outside "
+                "transformers' cache, where no retraction could move it"
             )
         return LayerPlan(
             index,
             LayerKind.MAMBA,
-            conv_shape=tuple(conv.shape[1:]),
-            state_shape=tuple(state.shape[1:]),
+            conv_shape=() if conv is None else tuple(conv.shape[1:]),
+            state_shape=() if state is None else tuple(state.shape[1:]),
         )
     if not is_attention or isinstance(layer, cache_utils.DynamicIndexedLayer):
         what = "DSA indexer keys" if is_attention else "no per-token KV of its own"
@@ -130,7 +148,7 @@ def _plan(config: Any, index: int, layer: Any, cache_utils: Any) -> LayerPlan:
             f"{name} caches {heads} key heads but {v_heads} value heads; pools store one head "
             "count per layer"
         )
-    if isinstance(layer, cache_utils.DynamicSlidingWindowLayer):
+    if type(layer) is cache_utils.DynamicSlidingWindowLayer:
         return LayerPlan(
             index,
             LayerKind.SLIDING,
@@ -140,8 +158,15 @@ def _plan(config: Any, index: int, layer: Any, cache_utils: Any) -> LayerPlan:
             window=int(layer.sliding_window),
         )
     if type(layer) is not cache_utils.DynamicLayer:
+        # A subclass keeps more than keys and values (the model calls its own methods on it).
         raise UnsupportedLayerError(f"{name} is a cache layer kind kvcache does not know")
     return LayerPlan(index, LayerKind.FULL, heads=heads, head_dim=head_dim, v_head_dim=v_dim)
+
+
+def _written(layer: Any) -> bool:
+    """Whether the probe's forward pass stored anything in ``layer``."""
+    states = [*getattr(layer, "conv_states", ()), *getattr(layer, "recurrent_states", ())]
+    return getattr(layer, "keys", None) is not None or any(s is not None for s in states)
 
 
 def probe_layout(model: Any) -> ModelLayout:
@@ -159,17 +184,33 @@ def probe_layout(model: Any) -> ModelLayout:
     probe = cache_utils.DynamicCache(config=text)
     device = next(model.parameters()).device
     token = torch.ones((1, 1), dtype=torch.long, device=device)
-    with torch.no_grad():
-        model(input_ids=token, cache=probe, use_cache=True)
+    try:
+        with torch.no_grad():
+            model(input_ids=token, cache=probe, use_cache=True)
+    except Exception as exc:  # the model's own error, whatever its type, says why
+        raise UnsupportedModelError(
+            f"{type(model).__name__} cannot run one token on transformers' DynamicCache "
+            f"({type(exc).__name__}: {exc}); KVPoolCache stands in for DynamicCache's layers, "
+            "so it cannot serve this model either"
+        ) from exc
+    if not any(_written(layer) for layer in probe.layers):
+        raise UnsupportedModelError(
+            f"{type(model).__name__}'s forward pass wrote nothing into transformers' "
+            "DynamicCache (it keeps no cache, or one of its own); no pool can serve it"
+        )
     layers = tuple(_plan(text, i, layer, cache_utils) for i, layer in enumerate(probe.layers))
-    if not layers:
-        raise UnsupportedLayerError("the model's forward pass cached nothing")
+    if all(p.kind is LayerKind.NONE for p in layers):
+        raise UnsupportedModelError(
+            f"{type(model).__name__}'s forward pass cached nothing in transformers' "
+            "DynamicCache (it keeps no cache, or one of its own); no pool can serve it"
+        )
     dtype: torch.dtype | None = None
     state_dtype: torch.dtype | None = None
     for i, layer in enumerate(probe.layers):
         if layers[i].kind is LayerKind.MAMBA:
-            state_dtype = layer.recurrent_states[0].dtype
-        elif dtype is None:
+            kept = layer.recurrent_states[0]
+            state_dtype = (kept if kept is not None else layer.conv_states[0]).dtype
+        elif layers[i].kind is not LayerKind.NONE and dtype is None:
             dtype = layer.keys.dtype
     return ModelLayout(
         layers=layers,

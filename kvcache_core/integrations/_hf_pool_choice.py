@@ -93,6 +93,12 @@ def required_capabilities(layout: ModelLayout, page_size: int) -> PoolNeeds:
     elif kinds == {LayerKind.FULL, LayerKind.MAMBA}:
         ids = [p.index for p in layout.of_kind(LayerKind.MAMBA)]
         why[Capability.MAMBA_STATE] = f"layers {ids} keep Mamba state"
+    elif kinds == {LayerKind.MAMBA}:
+        raise UnsupportedLayerError(
+            "every layer that caches keeps Mamba / linear-attention state and none attention "
+            "KV: no pool kind serves a recurrent-only model here (the mamba pool pairs request "
+            "state with attention KV)"
+        )
     else:
         names = ", ".join(sorted(k.value for k in kinds))
         raise UnsupportedLayerError(
@@ -208,8 +214,11 @@ def pool_config(
             config,
             mamba_layer_ids=tuple(p.index for p in mamba),
             mamba_size=max_batch,
-            conv_state_shapes=(conv,),
-            temporal_state_shape=state,
+            # A layer without a conv state (a plain recurrence) keeps none in the pool. The
+            # pool always keeps a temporal state: a layer without one (a short convolution)
+            # gets a one-element placeholder per request, never written.
+            conv_state_shapes=(conv,) if conv else (),
+            temporal_state_shape=state if state else (1,),
             mamba_dtype=layout.state_dtype,
         )
     return config

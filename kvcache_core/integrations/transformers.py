@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers.cache_utils import Cache
+from transformers.cache_utils import Cache, DummyLayer
 
 from ..contracts.allocator import MambaSlotAllocator, SWAAllocator
 from ..contracts.snapshot import KVSnapshot
@@ -186,8 +186,10 @@ class KVPoolCache(Cache):
                 layers.append(PoolSlidingLayer(plan, self, windowed_pool=self._windowed))
             elif plan.kind is LayerKind.MLA:
                 layers.append(PoolLatentLayer(plan, self))
-            else:
+            elif plan.kind is LayerKind.MAMBA:
                 layers.append(StagedStateLayer(plan, self))
+            else:  # caches nothing: transformers' own placeholder, as in its DynamicCache
+                layers.append(DummyLayer())
         super().__init__(layers=layers)
         self._sliding = [layer for layer in layers if isinstance(layer, PoolSlidingLayer)]
         self._handles: dict[int, RetractedRow] = {}
@@ -212,7 +214,8 @@ class KVPoolCache(Cache):
         The model's layers are probed with one token through transformers' own cache, then
         mapped to a pool kind: full attention only -> an MHA-kind pool; sliding + full -> a
         ``sliding-window`` pool (window layers on its window side); an MLA latent -> an ``mla``
-        pool; full attention + Mamba -> a ``mamba-state`` pool. ``pool`` may name any accepted
+        pool; full attention + Mamba -> a ``mamba-state`` pool (layers that cache nothing keep
+        transformers' ``DummyLayer``). ``pool`` may name any accepted
         pool, a third-party plugin's included, and is held to the capabilities the model needs.
 
         :param model: A transformers causal LM, already in its dtype and on its device.
@@ -323,8 +326,18 @@ class KVPoolCache(Cache):
                 return run
             return run.contiguous()
         index = rows.table[:, lo:hi].reshape(-1) if slots is None else slots
+        batch, count = rows.batch, hi - lo
+        if by_head.stride(1) != by_head.shape[-1]:
+            # A row-major pool: whole token rows gathered, then one copy into attention's
+            # layout (measured faster than gathering along the strided slot dimension).
+            got = buffer.index_select(0, index)
+            return got.view(batch, count, *got.shape[1:]).transpose(1, 2).contiguous()
         got = by_head.index_select(1, index)
-        return got.view(got.shape[0], rows.batch, hi - lo, *got.shape[2:]).transpose(0, 1)
+        heads = got.view(got.shape[0], batch, count, *got.shape[2:]).transpose(0, 1)
+        # Several rows: contiguous [batch, heads, positions, dim], as DynamicCache's concatenation
+        # is. Eager attention flattens batch and heads with ``view`` (which a batch-strided
+        # tensor refuses) and its batched matmul rounds differently on other strides.
+        return heads if batch == 1 else heads.contiguous()
 
     # -- retraction --------------------------------------------------------------------------
     def _state_layers(self) -> list[StagedStateLayer]:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from kvcache_core import KVCacheError, UnknownPoolError, discover
+from kvcache_core import Capability, KVCacheError, UnknownPoolError, discover
 from kvcache_core.integrations._hf_layout import LayerKind, LayerPlan, ModelLayout
 from kvcache_core.integrations._hf_pool_choice import required_capabilities
 from kvcache_core.integrations.transformers import (
@@ -122,7 +122,7 @@ def test_unserved_layer_type_is_named() -> None:
     [
         ({LayerKind.MLA, LayerKind.FULL}, "MLA latent, full attention"),
         ({LayerKind.SLIDING, LayerKind.MAMBA}, "Mamba / linear-attention state, sliding-window"),
-        ({LayerKind.MAMBA}, "Mamba / linear-attention state layers"),
+        ({LayerKind.MLA, LayerKind.MAMBA}, "MLA latent, Mamba / linear-attention state"),
     ],
 )
 def test_unserved_combinations_are_named(kinds: set[LayerKind], message: str) -> None:
@@ -130,6 +130,16 @@ def test_unserved_combinations_are_named(kinds: set[LayerKind], message: str) ->
     layout = ModelLayout(plans, torch.float32, torch.device("cpu"), None)
     with pytest.raises(UnsupportedLayerError, match=f"mixing {message}"):
         required_capabilities(layout, 1)
+
+
+def test_a_recurrent_only_model_is_refused_and_layers_caching_nothing_do_not_count() -> None:
+    """Mamba layers beside layers that cache nothing are still a recurrent-only model."""
+    plans = (LayerPlan(0, LayerKind.MAMBA), LayerPlan(1, LayerKind.NONE))
+    layout = ModelLayout(plans, torch.float32, torch.device("cpu"), None)
+    with pytest.raises(UnsupportedLayerError, match="no pool kind serves a recurrent-only model"):
+        required_capabilities(layout, 1)
+    served = ModelLayout((*plans, LayerPlan(2, LayerKind.FULL)), torch.float32, layout.device, None)
+    assert required_capabilities(served, 1).needs == {Capability.OFFLOAD, Capability.MAMBA_STATE}
 
 
 @pytest.mark.parametrize("value", [0, -4, 2.5, True])
@@ -220,3 +230,37 @@ def test_kvcache_core_does_not_import_transformers() -> None:
         "assert 'transformers' in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+class _RecurrentToy(torch.nn.Module):
+    """Layer 0 keeps a recurrent state and no conv state; layer 1 is full attention."""
+
+    def __init__(self) -> None:
+        import transformers
+
+        super().__init__()
+        self.config = transformers.Qwen2Config(
+            num_hidden_layers=2, layer_types=["linear_attention", "full_attention"]
+        )
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, input_ids: torch.Tensor, cache: Any, use_cache: bool) -> None:
+        batch, tokens = input_ids.shape
+        state = input_ids.float().mean(1)[:, None, None] * torch.arange(6.0).view(1, 2, 3)
+        cache.update_recurrent_state(state, 0)
+        kv = torch.ones(batch, 1, tokens, 8)
+        cache.update(kv, kv, 1)
+
+
+def test_a_recurrent_state_without_a_conv_state_round_trips_through_the_mamba_pool() -> None:
+    toy = _RecurrentToy()
+    cache = KVPoolCache.for_model(toy, size=32)
+    assert cache.pool_name == "mamba" and cache.pool.get_mamba_state(0)[0] == ()
+    toy(input_ids=torch.tensor([[5, 6, 7], [8, 9, 10]]), cache=cache, use_cache=True)
+    staged = cache.layers[0].recurrent_states[0]
+    before = staged.clone()
+    assert staged[1].any()
+    handle = cache.retract(1)
+    assert not staged[1].any()  # the snapshot is the row's only copy now
+    cache.resume(1, handle)
+    assert torch.equal(staged, before)
