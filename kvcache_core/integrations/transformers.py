@@ -140,6 +140,10 @@ class KVPoolCache(Cache):
     #: many window slots more than its window needs (the window side has a slot per token slot).
     window_release_batch = 32
 
+    #: From how many positions per row a head-major pool's rows of a batch of several are
+    #: gathered row by row into the result (below it, one gather and one copy cost less).
+    gather_by_row_from = 64
+
     def __init__(
         self,
         layout: ModelLayout,
@@ -332,12 +336,20 @@ class KVPoolCache(Cache):
             # layout (measured faster than gathering along the strided slot dimension).
             got = buffer.index_select(0, index)
             return got.view(batch, count, *got.shape[1:]).transpose(1, 2).contiguous()
-        got = by_head.index_select(1, index)
-        heads = got.view(got.shape[0], batch, count, *got.shape[2:]).transpose(0, 1)
-        # Several rows: contiguous [batch, heads, positions, dim], as DynamicCache's concatenation
-        # is. Eager attention flattens batch and heads with ``view`` (which a batch-strided
-        # tensor refuses) and its batched matmul rounds differently on other strides.
-        return heads if batch == 1 else heads.contiguous()
+        if batch == 1 or count < self.gather_by_row_from:
+            got = by_head.index_select(1, index)
+            heads = got.view(got.shape[0], batch, count, *got.shape[2:]).transpose(0, 1)
+            # Several rows: contiguous [batch, heads, positions, dim], as DynamicCache's
+            # concatenation is. Eager attention flattens batch and heads with ``view`` (which a
+            # batch-strided tensor refuses) and its batched matmul rounds differently on other
+            # strides.
+            return heads if batch == 1 else heads.contiguous()
+        # Longer rows: each row's slots gathered straight into its [heads, positions, dim]
+        # block of the contiguous result, one pass instead of a gather and a copy.
+        out = by_head.new_empty((batch, by_head.shape[0], count, *by_head.shape[2:]))
+        for row, row_slots in enumerate(index.view(batch, count)):
+            torch.index_select(by_head, 1, row_slots, out=out[row])
+        return out
 
     # -- retraction --------------------------------------------------------------------------
     def _state_layers(self) -> list[StagedStateLayer]:

@@ -264,3 +264,17 @@ def test_a_released_cache_translates_its_window_slots_again(tiny: Any) -> None:
         assert identical(generate(model, cache, 2, new_tokens=1), want)
         cache.release()
         poison_free_slots(cache)  # what the first generation left in its slots is gone
+
+
+@pytest.mark.parametrize("by_row_from", [0, 10**9], ids=["row-by-row", "one-gather"])
+@pytest.mark.parametrize("name", ["llama", "qwen2-swa"])
+def test_both_gathers_of_a_batch_are_identical(tiny: Any, name: str, by_row_from: int) -> None:
+    """Several rows on a head-major pool are gathered either row by row into the result or
+    in one gather and a copy (by length); both give ``DynamicCache``'s logits, retractions
+    included."""
+    model = tiny(name)
+    want = reference(model, 2)
+    cache = KVPoolCache.for_model(model, size=96)
+    cache.gather_by_row_from = by_row_from
+    retractor = Retractor(cache, STEPS, row=1)
+    assert identical(generate(model, cache, 2, processors=[retractor]), want)
