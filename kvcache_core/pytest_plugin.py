@@ -182,7 +182,7 @@ def pytest_collection_modifyitems(
     if stores:
         from .stores.pytest_items import store_items
 
-        items.extend(store_items(session, stores))
+        items.extend(store_items(session, stores, mark=STORE_MARK))
     plan = config.stash.get(_PLAN, None)
     if plan is None:
         return

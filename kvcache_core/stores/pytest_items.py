@@ -8,19 +8,17 @@ from typing import Any
 
 import pytest
 
-from ..pytest_plugin import STORE_MARK
-
 __all__ = ["StoreCheckItem", "store_items"]
 
 
 class StoreCheckItem(pytest.Item):
     """One store-battery check on one store URL."""
 
-    def __init__(self, *, url: str, check: str, **kwargs: Any) -> None:
+    def __init__(self, *, url: str, check: str, mark: str, **kwargs: Any) -> None:
         name = f"test_kvcache_store[{url}-{check}]"
         super().__init__(name=name, nodeid=name, **kwargs)
         self.url, self.check = url, check
-        self.add_marker(STORE_MARK)
+        self.add_marker(mark)
 
     def runtest(self) -> None:
         from .battery import StoreCheckFailure, run_store_check
@@ -43,12 +41,13 @@ class StoreCheckItem(pytest.Item):
         return self.path, None, self.name
 
 
-def store_items(session: pytest.Session, urls: list[str]) -> list[StoreCheckItem]:
-    """One item per (URL, check), in battery order."""
+def store_items(session: pytest.Session, urls: list[str], *, mark: str) -> list[StoreCheckItem]:
+    """One item per (URL, check), in battery order, each carrying ``mark`` (the plugin
+    registers it, and names it, where pytest loads the plugin)."""
     from .battery import STORE_CHECKS
 
     return [
-        StoreCheckItem.from_parent(session, url=url, check=check)
+        StoreCheckItem.from_parent(session, url=url, check=check, mark=mark)
         for url in urls
         for check in STORE_CHECKS
     ]
