@@ -111,6 +111,24 @@ class _SameAsRowMajor(RuleBasedStateMachine):
     def kv_layers(self) -> list[int]:
         raise NotImplementedError
 
+    def write_everywhere(
+        self,
+        data: st.DataObject,
+        layer: int,
+        seed: int,
+        source: torch.dtype | None,
+        scale: float | None,
+        where: Any,
+    ) -> None:
+        """The same rows written at the same slots of one live request in every pool;
+        ``where(pool, loc)`` is the location form a rule passes."""
+        request = data.draw(st.sampled_from(self.requests))
+        picked = data.draw(st.lists(st.sampled_from(request.tolist()), min_size=1, unique=True))
+        loc = torch.tensor(picked)
+        for pool in self.pools:
+            k, v = rows_for(pool, layer, len(picked), seed, source)
+            pool.set_kv_buffer(Layer(layer), where(pool, loc), k, v, k_scale=scale, v_scale=scale)
+
     @rule(pages=st.integers(1, 3))
     def alloc(self, pages: int) -> None:
         slots = self.alloc_both(pages * self.page_size)
@@ -181,18 +199,15 @@ class SWASameAsRowMajor(_SameAsRowMajor):
         form: str,
         scale: float | None,
     ) -> None:
-        request = data.draw(st.sampled_from(self.requests))
-        picked = data.draw(st.lists(st.sampled_from(request.tolist()), min_size=1, unique=True))
-        loc = torch.tensor(picked)
-        for pool in self.pools:
-            k, v = rows_for(pool, layer, len(picked), seed, source)
+        def where(pool: Any, loc: torch.Tensor) -> Any:
             if form == "bare":
-                where: Any = loc
-            elif form == "writeloc":
-                where = KVWriteLoc(loc)
-            else:  # the engine's own translation, as sglang passes it
-                where = KVWriteLoc(loc, swa_loc=pool.translate_loc_from_full_to_swa(loc))
-            pool.set_kv_buffer(Layer(layer), where, k, v, k_scale=scale, v_scale=scale)
+                return loc
+            if form == "writeloc":
+                return KVWriteLoc(loc)
+            # the engine's own translation, as sglang passes it
+            return KVWriteLoc(loc, swa_loc=pool.translate_loc_from_full_to_swa(loc))
+
+        self.write_everywhere(data, layer, seed, source, scale, where)
 
     @precondition(lambda self: self.requests)
     @rule(data=st.data())
@@ -282,13 +297,10 @@ class MambaSameAsRowMajor(_SameAsRowMajor):
         wrapped: bool,
         scale: float | None,
     ) -> None:
-        request = data.draw(st.sampled_from(self.requests))
-        picked = data.draw(st.lists(st.sampled_from(request.tolist()), min_size=1, unique=True))
-        loc = torch.tensor(picked)
-        for pool in self.pools:
-            k, v = rows_for(pool, layer, len(picked), seed, source)
-            where: Any = KVWriteLoc(loc) if wrapped else loc
-            pool.set_kv_buffer(Layer(layer), where, k, v, k_scale=scale, v_scale=scale)
+        def where(pool: Any, loc: torch.Tensor) -> Any:
+            return KVWriteLoc(loc) if wrapped else loc
+
+        self.write_everywhere(data, layer, seed, source, scale, where)
 
     @rule(pages=st.integers(1, 3), seed=st.integers(0, 2**16))
     def start_request(self, pages: int, seed: int) -> None:
