@@ -141,7 +141,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--kinds-repeat", type=int, default=3, help="runs for each other pool kind (0: skip)"
     )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="8 decode steps, a 256-token long context, one run each: the script runs, no figure",
+    )
     args = parser.parse_args(argv)
+    global NEW_TOKENS
+    long_context = 2048
+    if args.quick:
+        NEW_TOKENS, long_context = 8, 256
+        args.repeat, args.kinds_repeat = 1, min(args.kinds_repeat, 1)
     torch.set_num_threads(1)
     model = tiny_model("llama", hidden=256, layers=LAYERS)
     print(
@@ -150,15 +160,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     met = [
         section(model, 16, args.repeat, 1.10),
-        section(model, 2048, args.repeat, 1.00),
-        section(model, 2048, args.repeat, None, scattered=True, label="layer-step, 2048 scattered"),
+        section(model, long_context, args.repeat, 1.00),
+        section(
+            model,
+            long_context,
+            args.repeat,
+            None,
+            scattered=True,
+            label=f"layer-step, {long_context} scattered",
+        ),
     ]
     if args.kinds_repeat > 0:
         print("the other pool kinds, each on its tiny model (hidden 256, 4 layers; no target)")
         for name in OTHER_KINDS:
             other = tiny_model(name, hidden=256, layers=LAYERS)
             kind = KVPoolCache.for_model(other, None, size=16).pool_name
-            for prompt in (16, 2048):
+            for prompt in (16, long_context):
                 label = f"{name} ({kind}), {prompt} tokens"
                 section(other, prompt, args.kinds_repeat, None, label=label)
     return 0 if all(met) else 1

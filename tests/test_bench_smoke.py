@@ -47,3 +47,47 @@ def test_quick_drift_benchmark_prints_a_figure_per_measure():
     ):
         line = next((x for x in lines if needle in x), None)
         assert line is not None and "ratio" in line and "target" in line, proc.stdout
+
+
+def test_quick_transformers_benchmark_prints_every_line():
+    """Both caches decode in lockstep (the script stops if their tokens differ) and every
+    section, the other pool kinds' included, prints its ratio."""
+    proc = subprocess.run(
+        [sys.executable, str(BENCH.parent / "bench_transformers.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert proc.returncode in (0, 1), proc.stderr  # 1: a target missed on a busy machine
+    lines = proc.stdout.splitlines()
+    for needle in (
+        "layer-step, 16-token context",
+        "layer-step, 256-token context",
+        "layer-step, 256 scattered",
+        "qwen2-swa (swa), 16 tokens",
+        "deepseek-v3 (mla), 256 tokens",
+        "bamba (mamba), 16 tokens",
+    ):
+        line = next((x for x in lines if needle in x), None)
+        assert line is not None and "ratio" in line and "paired steps" in line, proc.stdout
+
+
+def test_quick_batching_benchmark_checks_tokens_and_prints_both_settings():
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH.parent / "bench_transformers_batching.py"),
+            "--quick",
+            "--repeat",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert proc.returncode in (0, 1), proc.stderr  # 2 would mean the tokens differed
+    for setting in ("room", "pressure"):
+        line = next((x for x in proc.stdout.splitlines() if f"generate_batch {setting}" in x), None)
+        assert line is not None and "median of 1 pairs" in line, proc.stdout
