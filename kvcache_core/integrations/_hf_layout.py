@@ -198,12 +198,8 @@ def probe_layout(model: Any) -> ModelLayout:
             f"{type(model).__name__}'s forward pass wrote nothing into transformers' "
             "DynamicCache (it keeps no cache, or one of its own); no pool can serve it"
         )
+    # Some layer was written, so not every layer is a placeholder (``LayerKind.NONE``).
     layers = tuple(_plan(text, i, layer, cache_utils) for i, layer in enumerate(probe.layers))
-    if all(p.kind is LayerKind.NONE for p in layers):
-        raise UnsupportedModelError(
-            f"{type(model).__name__}'s forward pass cached nothing in transformers' "
-            "DynamicCache (it keeps no cache, or one of its own); no pool can serve it"
-        )
     dtype: torch.dtype | None = None
     state_dtype: torch.dtype | None = None
     for i, layer in enumerate(probe.layers):
