@@ -68,14 +68,14 @@ class BatchingStats:
 
 @dataclass
 class _Request:
-    """The pool pages one request holds, in token order, and how many tokens are written.
+    """Every slot of the pool pages one request holds, in token order (whole pages, so page
+    ``i`` is ``slots[i * page : (i + 1) * page]``), and how many tokens are written.
 
-    ``slots`` lists every slot of those pages in token order, extended as pages are added:
-    each batch reads a request's slots as one list slice (every step of every request asks for
-    them, so building them page by page each time cost more than transformers' own bookkeeping).
+    Kept as slots rather than page ids: each batch reads a request's slots as one list slice
+    (every step of every request asks for them, so building them page by page each time cost
+    more than transformers' own bookkeeping).
     """
 
-    pages: list[int] = field(default_factory=list)
     slots: list[int] = field(default_factory=list)
     length: int = 0
     window_released: int = 0  # leading pages whose window slots went back (SWA pools)
@@ -161,15 +161,13 @@ class KVPoolPagedCache(PagedAttentionCache):
             allocator.write_trash_index = 0
 
     # -- slots ---------------------------------------------------------------------------------
-    def _page_slots(self, pages: list[int]) -> torch.Tensor:
-        ids = torch.tensor(pages, dtype=torch.int64)
-        if self.page == 1:
-            return ids
-        return (ids[:, None] * self.page + torch.arange(self.page)).reshape(-1)
+    def _slot_tensor(self, slots: list[int]) -> torch.Tensor:
+        """``slots`` as the pool's allocator takes them (int64 on the pool's device)."""
+        return torch.tensor(slots, dtype=torch.int64, device=self.kv_pool.device)
 
     def _grow(self, req: _Request, tokens: int) -> None:
         """Give ``req`` pages for ``tokens`` tokens, from the pool's allocator."""
-        need = -(-tokens // self.page) - len(req.pages)
+        need = -(-tokens // self.page) - len(req.slots) // self.page
         if need <= 0:
             return
         got = self.kv_allocator.alloc(need * self.page)
@@ -179,10 +177,7 @@ class KVPoolPagedCache(PagedAttentionCache):
                 f"{need * self.page} needed: transformers' block accounting and the pool "
                 "disagree (was the pool shared with another engine?)"
             )
-        slots = got.tolist()
-        page = self.page
-        req.slots.extend(slots)
-        req.pages.extend(slot // page for slot in slots[::page])
+        req.slots.extend(got.tolist())
 
     def _release_window(self, req: _Request, past_length: int) -> None:
         """Window slots of pages every future read has slid past go back (SWA pools)."""
@@ -190,8 +185,9 @@ class KVPoolPagedCache(PagedAttentionCache):
             return
         gone = max(past_length - (self._window - 1), 0) // self.page
         if gone > req.window_released:
-            slots = self._page_slots(req.pages[req.window_released : gone])
-            self.kv_allocator.free_swa(slots.to(self.kv_pool.device))
+            page = self.page
+            slots = req.slots[req.window_released * page : gone * page]
+            self.kv_allocator.free_swa(self._slot_tensor(slots))
             req.window_released = gone
 
     def extend_read_and_write_indices(
@@ -282,9 +278,9 @@ class KVPoolPagedCache(PagedAttentionCache):
     # -- requests leaving --------------------------------------------------------------------
     def _release(self, request_id: str) -> None:
         req = self._requests.pop(request_id, None)
-        if req is None or not req.pages:
+        if req is None or not req.slots:
             return
-        slots = self._page_slots(req.pages).to(self.kv_pool.device)
+        slots = self._slot_tensor(req.slots)
         if self._capture is not None and req.length > 0:
             snapshot = self.kv_allocator.get_cpu_copy(slots[: req.length])
             self._capture[request_id] = CapturedRequest(snapshot, req.length)
@@ -332,7 +328,7 @@ class KVPoolPagedCache(PagedAttentionCache):
                 raise KVCacheError(f"request {request_id} is live: it cannot be restored")
             req = _Request()
             self._grow(req, captured.tokens)
-            slots = self._page_slots(req.pages).to(self.kv_pool.device)
+            slots = self._slot_tensor(req.slots)
             try:
                 self.kv_allocator.load_cpu_copy(captured.snapshot, slots[: captured.tokens])
             except BaseException:

@@ -124,12 +124,17 @@ def test_window_slots_leave_with_the_window(qwen_model, monkeypatch):
     # A 9-token prompt and 14 new tokens under a 5-token window: the pages the window slid
     # past give their window slots back while the request still runs.
     released = []
+    window_held = []
     original = _batching_cache.KVPoolPagedCache._release_window
 
     def release_window(self, req, past_length):
         before = req.window_released
         original(self, req, past_length)
         released.append(req.window_released - before)
+        # The window side holds exactly the pages not released yet (one request runs).
+        alloc = self.kv_allocator
+        held = alloc.swa_size - alloc.swa_available_size()
+        window_held.append((held, len(req.slots) - req.window_released * self.page))
 
     monkeypatch.setattr(_batching_cache.KVPoolPagedCache, "_release_window", release_window)
     with poisoned_kvpool(monkeypatch):
@@ -137,6 +142,7 @@ def test_window_slots_leave_with_the_window(qwen_model, monkeypatch):
     assert _tokens(out) == sequential(qwen_model, PROMPTS[:1], NEW)
     # Tokens 0..17 left a 5-token window before the last step at 22: pages 0..3 went back.
     assert sum(released) == 4
+    assert window_held and all(held == expected for held, expected in window_held), window_held
 
 
 def test_restore_without_load_cpu_copy_is_caught(llama_model, monkeypatch):
@@ -400,7 +406,7 @@ def test_every_override_still_exists_in_transformers(ours, base_module, base_nam
     helpers = {n for n in own if not hasattr(base, n)}
     assert helpers <= {
         "_buffers_by_head",
-        "_page_slots",
+        "_slot_tensor",
         "_grow",
         "_release_window",
         "_release",
