@@ -170,11 +170,10 @@ class PoolAttentionLayer(_Unsupported, CacheLayerMixin):
             # A later layer of this forward pass (its slots are allocated, flattened once in
             # ``rows.last_loc``): the hot path, without the calls that would find that out.
             loc = rows.last_window_loc if self.window_side else rows.last_loc
-            self._store(self.ref, loc, _token_rows(key_states), _token_rows(value_states))
         else:
             self.owner.positions(start, key_states)
             loc = self._loc(start, count)
-            self._store(self.ref, loc, _token_rows(key_states), _token_rows(value_states))
+        self._store(self.ref, loc, _token_rows(key_states), _token_rows(value_states))
         self.length = start + count
         return self._read(start, count)
 

@@ -119,10 +119,7 @@ class RowSlots:
             else:
                 slots = alloc.alloc_extend(prefixes, prefixes + count, last, need)
         if slots is None:
-            raise OutOfSlotsError(
-                f"{rows} row(s) x {count} new token(s) need {need} token slots (page size "
-                f"{self.page_size}); the pool has {alloc.available_size()} free of {alloc.size}"
-            )
+            raise self._short(rows, count)
         got: torch.Tensor = slots.to(self.device, torch.int64)
         return got.reshape(rows, count)
 
@@ -142,6 +139,14 @@ class RowSlots:
         self.version += 1
         self.run_start = self._run_after(slots, start)
 
+    def _short(self, rows: int, count: int) -> OutOfSlotsError:
+        """The error of a forward pass whose ``rows`` x ``count`` new positions did not fit."""
+        alloc = self.allocator
+        return OutOfSlotsError(
+            f"{rows} row(s) x {count} new token(s) need {rows * count} token slots (page size "
+            f"{self.page_size}); the pool has {alloc.available_size()} free of {alloc.size}"
+        )
+
     def _decode_step(self) -> None:
         """``extend(1)`` at page size 1 after a prefill: one slot per row, fewest torch calls.
 
@@ -152,10 +157,7 @@ class RowSlots:
         batch, start = self.batch, self.length
         slots = self.allocator.alloc(batch)
         if slots is None:
-            raise OutOfSlotsError(
-                f"{batch} row(s) x 1 new token(s) need {batch} token slots (page size 1); the "
-                f"pool has {self.allocator.available_size()} free of {self.allocator.size}"
-            )
+            raise self._short(batch, 1)
         if slots.dtype is not torch.int64 or slots.dim() != 1 or slots.device != self.device:
             slots = slots.to(self.device, torch.int64).reshape(-1)
         if start >= self.table.shape[1]:

@@ -320,18 +320,19 @@ class KVPoolCache(Cache):
         """
         rows = self.rows
         by_head = buffer.transpose(0, 1)
+        # Each head's slots contiguous: a head-major pool, or one head (an MLA latent, MQA).
+        head_major = by_head.stride(1) == by_head.shape[-1]
         start = rows.run_start
         if slots is None and start is not None:
             run = by_head[:, start + lo : start + hi].unsqueeze(0)
-            # Each head's slots contiguous (a head-major pool, one head as in an MLA latent or
-            # MQA): the slice already is what attention wants, read in place. Short contexts
-            # are too (a copy there costs more than the strided read).
-            if by_head.stride(1) == by_head.shape[-1] or hi - lo < self.copy_from:
+            # Head-major: the slice already is what attention wants, read in place. Short
+            # contexts are too (a copy there costs more than the strided read).
+            if head_major or hi - lo < self.copy_from:
                 return run
             return run.contiguous()
         index = rows.table[:, lo:hi].reshape(-1) if slots is None else slots
         batch, count = rows.batch, hi - lo
-        if by_head.stride(1) != by_head.shape[-1]:
+        if not head_major:
             # A row-major pool: whole token rows gathered, then one copy into attention's
             # layout (measured faster than gathering along the strided slot dimension).
             got = buffer.index_select(0, index)
