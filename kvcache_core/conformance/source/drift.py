@@ -33,7 +33,7 @@ import os
 import re
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ...contracts.signature import MethodSig, ParamKind
 from ..members.bodies import dropped_parameters
@@ -454,9 +454,18 @@ class _Hit:
     owner: ClassSource  # the class defining the implementation that runs
     reached: ClassSource  # the class of the object (owner or a subclass inheriting it)
     how: str  # why the receiver can be that class, for messages
-    strength: str  # "typed", "stub" (declared as a class whose method is a stub), "untyped"
+    #: "typed": the object is of that class (built there, ``self``, ``super()``, or declared
+    #: as a class whose implementation it runs); "root": a strict subclass reached through a
+    #: declaration of the family's root (a generic caller: every member passes there);
+    #: "narrowed": a strict subclass reached through a declaration of a class in the middle
+    #: (it gets there only when chosen there); "union": one of several unrelated classes
+    #: assigned, whichever a branch chose; "untyped": matched by the keyword alone
+    strength: str
     drop_first: bool
     breaks: tuple[Break, ...]
+    #: For "root" hits: the parameters the declared class's own method names (the contract a
+    #: generic caller relies on); a keyword outside it is an extension only some members have.
+    declared: frozenset[str] = frozenset()
 
     def passes(self, name: str, sig: MethodSig) -> bool:
         """Whether the call passes ``name`` (by keyword, or at its position in ``sig``)."""
@@ -470,7 +479,7 @@ class _Hit:
         return name in positional[: len(args)]
 
 
-_STRENGTH = {"typed": 0, "stub": 1, "untyped": 2}
+_STRENGTH = {"typed": 0, "root": 1, "narrowed": 2, "union": 3, "untyped": 4}
 
 
 @dataclass
@@ -503,7 +512,13 @@ class _Run:
         call = site.call
         found: dict[int, _Hit] = {}
 
-        def add(reached: ClassSource, how: str, strength: str, drop_first: bool = False) -> None:
+        def add(
+            reached: ClassSource,
+            how: str,
+            strength: str,
+            drop_first: bool = False,
+            declared: frozenset[str] = frozenset(),
+        ) -> None:
             definer = self.index.find_method(reached, method)
             if definer is None:
                 return
@@ -514,7 +529,7 @@ class _Run:
                 return
             sig = self.sig(owner, node)
             breaks = tuple(binding_breaks(call, sig, drop_first=drop_first))
-            found[key] = _Hit(site, owner, reached, how, strength, drop_first, breaks)
+            found[key] = _Hit(site, owner, reached, how, strength, drop_first, breaks, declared)
 
         if _is_super(call):
             if site.cls is not None:
@@ -530,6 +545,13 @@ class _Run:
         assert isinstance(call.func, ast.Attribute)
         receiver = call.func.value
         types = self.typer.of(receiver, site.ctx, call)
+        instances = [t.cls for t in types.known if not t.is_class]
+        mixed = any(
+            not any(k is b for k in self.index.mro(a))
+            and not any(k is a for k in self.index.mro(b))
+            for a in instances
+            for b in instances
+        )
         for typed in types.known:
             if typed.is_class:  # `Class.m(self, ...)`: the class's own method, self explicit
                 definer = self.index.find_method(typed.cls, method)
@@ -538,14 +560,28 @@ class _Run:
                 explicit = _self_passed(site, definer[1])
                 add(typed.cls, f"`{ast.unparse(receiver)}` itself", "typed", drop_first=explicit)
                 continue
-            strength = "typed"
-            if not typed.exact:
-                declared = self.index.find_method(typed.cls, method)
-                if declared is not None and is_stub(declared[1]):
-                    strength = "stub"
+            declared = self.index.find_method(typed.cls, method)
+            generic = (
+                declared is None
+                or is_stub(declared[1])
+                or _nearest_definer(self.index, declared[0], method) is None
+            )
+            names = (
+                frozenset(p.name for p in self.sig(*declared).params)
+                if declared is not None
+                else frozenset()
+            )
             for klass in self.typer.reached(typed):
-                if _runs_caller(self.index, site, typed, klass):
-                    add(klass, typed.how, strength)
+                if not _runs_caller(self.index, site, typed, klass):
+                    continue
+                strength = "typed"
+                if mixed:
+                    strength = "union"
+                elif not typed.exact and klass is not typed.cls:
+                    runs = self.index.find_method(klass, method)
+                    if declared is None or runs is None or runs[1] is not declared[1]:
+                        strength = "root" if generic else "narrowed"
+                add(klass, typed.how, strength, declared=names)
         if types.unknown and not types.known:
             self._untyped(site, add)
         return list(found.values())
@@ -652,7 +688,7 @@ def _caller_sentence(hits: Sequence[_Hit], broken: bool = True) -> str:
     if broken and first.breaks:
         outcome = f"with a {first.reached.name} there it raises TypeError: {first.breaks[0].reason}"
     else:
-        outcome = f"a {first.reached.name} gets there"
+        outcome = f"with a {first.reached.name} there, the value never arrives"
     untyped = (
         " The receiver is untyped: the call is matched by the keyword alone."
         if first.strength == "untyped"
@@ -661,8 +697,16 @@ def _caller_sentence(hits: Sequence[_Hit], broken: bool = True) -> str:
     return f" {caller} ({where}) calls `{first.site.text}` ({first.how}); {outcome}{tail}.{untyped}"
 
 
-def _severity(hits: Sequence[_Hit]) -> Severity:
-    return Severity.ERROR if any(h.strength == "typed" for h in hits) else Severity.WARNING
+def _severity(hits: Sequence[_Hit], param: str | None, *, root: bool = True) -> Severity:
+    """Error when a call certainly reaches the class, or (with ``root``) reaches it through a
+    declaration of its family's root whose own method names ``param``: a generic caller
+    relying on the root's contract. A warning otherwise."""
+    for hit in hits:
+        if hit.strength == "typed":
+            return Severity.ERROR
+        if root and hit.strength == "root" and (param is None or param in hit.declared):
+            return Severity.ERROR
+    return Severity.WARNING
 
 
 def _forwards_unchanged(node: FunctionNode, method: str) -> bool:
@@ -814,22 +858,38 @@ def _override_findings(
         param = finding.parameter
         if finding.rule == "kwargs-hides-parameter" and kwargs_ok:
             continue
-        if param is not None and finding.rule in _PASSING_RULES:
-            evidence = [
-                h
-                for h in hits
-                if any(b.parameter == param for b in h.breaks) or h.passes(param, base)
-            ]
-        elif param is not None and finding.rule in _OMITTING_RULES:
-            evidence = [h for h in hits if any(b.parameter == param for b in h.breaks)]
-            if finding.rule == "default-changed":
-                evidence = [h for h in hits if not h.passes(param, impl)]
-        else:
-            evidence = []
+        evidence = _evidence(finding.rule, param, hits, base, impl) if param is not None else []
         findings += _judged(run, finding, node, param, evidence, stub)
     if refusal is None:
         findings += _forwarding_findings(run, cls, name, contract, hits)
     return findings
+
+
+def _evidence(
+    rule: str, param: str, hits: Sequence[_Hit], base: MethodSig, impl: MethodSig
+) -> list[_Hit]:
+    """The calls that show a drift of ``param`` matters: they break on it, or (a pass-through
+    that swallows it) pass it."""
+    out: list[_Hit] = []
+    for hit in hits:
+        named = any(b.parameter == param for b in hit.breaks)
+        counted = any(b.parameter is None for b in hit.breaks)
+        by_keyword = any(k.arg == param for k in hit.site.call.keywords)
+        if rule in ("missing-parameter", "parameter-kind-changed"):
+            ok = named or (counted and hit.passes(param, base) and not by_keyword)
+        elif rule == "renamed-parameter":
+            ok = named and by_keyword
+        elif rule in ("kwargs-hides-parameter", "parameter-order-changed"):
+            ok = hit.passes(param, base)
+        elif rule in ("became-required", "extra-required-parameter"):
+            ok = named
+        elif rule == "default-changed":
+            ok = not hit.passes(param, impl) and not hit.breaks
+        else:
+            ok = False
+        if ok:
+            out.append(hit)
+    return out
 
 
 def _judged(
@@ -839,21 +899,21 @@ def _judged(
     param: str | None,
     evidence: Sequence[_Hit],
     stub: bool,
+    *,
+    explain: bool = True,
 ) -> list[Finding]:
     """The finding with the severity and callers its evidence gives it (none: dropped)."""
-    from dataclasses import replace
 
-    if param is not None:
+    if param is not None and explain:
         run.explained.add((id(node), param))
     if evidence:
-        severity = _severity(evidence)
-        if (
-            severity is Severity.WARNING
-            and not stub
-            and any(h.strength == "stub" for h in evidence)
-        ):
-            severity = Severity.ERROR  # narrowed a working implementation: callers of it break
-        sentence = _caller_sentence(evidence)
+        # Through the family's root, a class breaks its callers only when it narrowed a working
+        # implementation; against a stub, the root promised nothing that ran.
+        severity = _severity(evidence, param, root=not stub)
+        if finding.rule in ("kwargs-hides-parameter", "parameter-not-forwarded"):
+            sentence = " A call whose value is lost:" + _caller_sentence(evidence, broken=False)
+        else:
+            sentence = " It breaks a call:" + _caller_sentence(evidence)
         return [
             replace(
                 finding,
@@ -893,9 +953,16 @@ def _forwarding_findings(
     impl = run.sig(cls, node)
     out: list[Finding] = []
     loc = Location(cls.path, up.lineno)
+    used = _names_read(contract.node)
+    takes_var = {p.kind for p in base.params}
     for drop in dropped_parameters(node, name, wanted):
         if drop.star == "" and drop.param not in wanted:
             continue
+        if drop.star == "*" and ParamKind.VAR_POSITIONAL not in takes_var:
+            continue
+        if drop.star == "**" and ParamKind.VAR_KEYWORD not in takes_var:
+            continue
+        ignored = drop.star == "" and drop.param not in used
         shown = f"{drop.star}{drop.param}"
         evidence = [h for h in hits if h.passes(drop.param, impl)] if not drop.star else list(hits)
         text = ast.unparse(up)
@@ -913,7 +980,16 @@ def _forwarding_findings(
             contract_location=Location(contract.cls.path, contract.node.lineno),
             impl_location=loc,
         )
-        out += _judged(run, finding, node, None, evidence, False)
+        if ignored:  # the ancestor ignores it too: harmless until it starts reading it
+            finding = replace(
+                finding,
+                message=finding.message
+                + f" {contract.cls.name}.{name} does not read it today, so nothing is lost yet.",
+                severity=Severity.WARNING,
+            )
+            out.append(finding)
+            continue
+        out += _judged(run, finding, node, drop.param, evidence, False, explain=False)
     for param, call, how in _misrouted(node, name):
         evidence = list(hits)
         finding = Finding(
@@ -931,8 +1007,12 @@ def _forwarding_findings(
             contract_location=Location(contract.cls.path, contract.node.lineno),
             impl_location=Location(cls.path, call.lineno),
         )
-        out += _judged(run, finding, node, None, evidence, False)
+        out += _judged(run, finding, node, param, evidence, False, explain=False)
     return out
+
+
+def _names_read(node: FunctionNode) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
 
 
 def _contract_for(
@@ -1002,7 +1082,7 @@ def _unaccepted_findings(run: _Run, cls: ClassSource, name: str) -> list[Finding
                 parameter=param,
                 hint=f"add `{wanted}` to {cls.name}.{name}",
                 impl_location=Location(cls.path, node.lineno),
-                severity=_severity(evidence),
+                severity=_severity(evidence, param),
                 related=_related(evidence),
             )
         )
@@ -1019,7 +1099,11 @@ def _call_level_findings(run: _Run, sites: Sequence[_Site]) -> dict[str, list[Fi
     only): the call is wrong, whichever object arrives. By caller module."""
     out: dict[str, list[Finding]] = {}
     for site in sites:
-        hits = [h for h in run.site_hits.get(id(site.call), []) if h.strength != "untyped"]
+        hits = [
+            h
+            for h in run.site_hits.get(id(site.call), [])
+            if h.strength != "untyped" and not _refuses(h)
+        ]
         if not hits:
             continue
         for kw in site.call.keywords:
@@ -1049,10 +1133,18 @@ def _call_level_findings(run: _Run, sites: Sequence[_Site]) -> dict[str, list[Fi
                         hint=f"drop `{kw.arg}=` from the call, or add it to {names}",
                         contract_location=Location(first.owner.path, _def_line(first)),
                         impl_location=site.location,
-                        severity=_severity(hits),
+                        severity=_severity(hits, kw.arg),
                     )
                 )
     return out
+
+
+def _refuses(hit: _Hit) -> bool:
+    """The implementation only raises, and the call is not inside a ``try`` catching that:
+    the call fails whatever it passes, so its arguments are no drift."""
+    node = hit.owner.methods.get(hit.site.method)
+    refusal = raises_only(node) if node is not None else None
+    return refusal is not None and not (refusal in hit.site.caught or hit.site.caught & _BROAD)
 
 
 def _def_line(hit: _Hit) -> int:

@@ -631,10 +631,9 @@ def binding_breaks(call: ast.Call, sig: MethodSig, *, drop_first: bool = False) 
     filled: set[str] = set()
     if not starred:
         if len(args) > len(positional) and not var_pos:
-            extra = positional[len(positional) - 1].name if positional else None
             out.append(
                 Break(
-                    extra,
+                    None,
                     f"{name}() takes {len(positional)} positional argument"
                     f"{'' if len(positional) == 1 else 's'} but {len(args)} were given",
                 )
