@@ -326,22 +326,31 @@ def _functions(
     """Every function of ``module`` (methods of module-level and nested classes included), with
     its qualname, class and local scope; ``None`` first, for module-level code."""
     yield module.name, None, None, None
+    nested = {id(c.node): c for c in module.nested_classes}
 
     def visit(
         fn: FunctionNode, prefix: str, cls: ClassSource | None, parent: LocalScope | None
     ) -> Iterator[tuple[str, ClassSource | None, FunctionNode | None, LocalScope | None]]:
         name = f"{prefix}.{fn.name}"
         scope = LocalScope(module, fn, cls, parent)
-        yield name, cls, fn, parent if cls is not None and parent is not None else scope
-        for stmt in ast.walk(fn):
-            if stmt is fn:
-                continue
-            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and _direct(fn, stmt):
-                yield from visit(stmt, name, cls, scope)
-            elif isinstance(stmt, ast.ClassDef) and _direct(fn, stmt):
-                inner = next((c for c in module.nested_classes if c.node is stmt), None)
+        yield name, cls, fn, scope
+        stack: list[ast.AST] = list(fn.body)
+        while stack:
+            node = stack.pop()
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield from visit(node, name, cls, scope)
+            elif isinstance(node, ast.ClassDef):
+                inner = nested.get(id(node))
                 for method in inner.methods.values() if inner else ():
-                    yield from visit(method, f"{name}.{stmt.name}", inner, scope)
+                    yield from visit(method, f"{name}.{node.name}", inner, scope)
+            elif isinstance(node, ast.stmt):
+                stack.extend(
+                    c
+                    for c in ast.iter_child_nodes(node)
+                    if isinstance(c, ast.stmt) or isinstance(c, ast.excepthandler)
+                )
+            elif isinstance(node, ast.excepthandler):
+                stack.extend(node.body)
 
     for stmt in module.tree.body:
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -349,19 +358,6 @@ def _functions(
     for cls in module.classes.values():
         for method in cls.methods.values():
             yield from visit(method, cls.qualname, cls, None)
-
-
-def _direct(fn: FunctionNode, node: ast.AST) -> bool:
-    """Whether ``node`` is defined in ``fn``'s own body (not in a function nested in it)."""
-    stack: list[ast.AST] = list(fn.body)
-    while stack:
-        item = stack.pop()
-        if item is node:
-            return True
-        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            continue
-        stack.extend(ast.iter_child_nodes(item))
-    return False
 
 
 def _own_calls(fn: FunctionNode | ast.Module) -> Iterator[tuple[ast.Call, frozenset[str]]]:
@@ -407,18 +403,32 @@ def _call_sites(
     module: ModuleSource, methods: frozenset[str], ctor_names: frozenset[str]
 ) -> list[_Site]:
     """Every call of a followed method in ``module``, and, with ``ctor_names``, every call of
-    something that may be one of those classes (``Name(...)``, ``mod.Name(...)``, ``x.cls(...)``)."""
-    if not methods and not ctor_names:
-        return []
+    something that may be one of those classes (``Name(...)``, ``mod.Name(...)``, ``x.cls(...)``,
+    ``Base.__init__(...)``). The text is searched first; only functions holding a match are
+    walked."""
     words = [re.escape(m) for m in methods if m != "__init__"]
-    pattern = (r"\.\s*(?:" + "|".join(words) + r")\s*\(") if words else None
+    parts = [r"\.\s*(?:" + "|".join(words) + r")\s*\("] if words else []
+    if ctor_names:
+        names = "|".join(map(re.escape, sorted(ctor_names)))
+        parts.append(r"\b(?:" + names + r"|\w*_cls|__init__)\s*\(")
+    if not parts:
+        return []
     text = module.source
-    if not (pattern and re.search(pattern, text)) and not (
-        ctor_names and any(n in text for n in ctor_names)
-    ):
+    lines: list[int] = []
+    line, previous = 1, 0
+    for match in re.finditer("|".join(parts), text):
+        line += text.count("\n", previous, match.start())
+        previous = match.start()
+        lines.append(line)
+    if not lines:
         return []
     sites: list[_Site] = []
     for where, cls, fn, scope in _functions(module):
+        if fn is not None:
+            first, last = fn.lineno, fn.end_lineno or fn.lineno
+            at = bisect.bisect_left(lines, first)
+            if at >= len(lines) or lines[at] > last:
+                continue
         body: FunctionNode | ast.Module = fn if fn is not None else module.tree
         for call, caught in _own_calls(body):
             func = call.func
@@ -1194,6 +1204,13 @@ def _statements_with_scope(
     yield from walk(module.tree.body, None, frozenset(), False, None)
 
 
+#: ``engine_mod.Name = Value`` on a line of its own (``self.x = ...`` is no rebinding).
+_REBIND = re.compile(
+    r"^[ \t]*(?!self\.|cls\.)\w+(?:\.\w+)+[ \t]*=[ \t]*[A-Za-z_][\w.]*[ \t]*(?:#.*)?$",
+    re.MULTILINE,
+)
+
+
 def _rebindings(
     index: SourceIndex, modules: Sequence[ModuleSource]
 ) -> list[tuple[ClassSource, ClassSource, str]]:
@@ -1201,11 +1218,7 @@ def _rebindings(
     ``setattr(engine_mod, "Name", Replacement)``) whose both sides resolve to classes read."""
     out: list[tuple[ClassSource, ClassSource, str]] = []
     for module in modules:
-        if (
-            ".Name" not in module.source
-            and "setattr(" not in module.source
-            and " = " not in module.source
-        ):
+        if "setattr(" not in module.source and not _REBIND.search(module.source):
             continue
         for stmt, scope, _, _ in _statements_with_scope(module):
             pairs: list[tuple[ast.expr, str, ast.expr]] = []
@@ -1240,13 +1253,19 @@ def _rebindings(
     return out
 
 
-def _engine_name_findings(index: SourceIndex, modules: Sequence[ModuleSource]) -> list[CheckResult]:
+def _engine_name_findings(
+    index: SourceIndex, modules: Sequence[ModuleSource], given: Sequence[str]
+) -> list[CheckResult]:
     """``missing-engine-name``: a plugin module takes a name (``from engine.mod import name``,
     ``getattr(engine_mod, "name")``) from a module of another package given, and that module
     no longer defines it: the plugin breaks at import, or its patch silently fails."""
     results: list[CheckResult] = []
+    engines = {part for path in given for part in os.path.abspath(path).split(os.sep) if part}
     for module in modules:
         top = module.name.split(".")[0]
+        own = _own_folders(module)
+        if not _may_take_engine_names(module, engines, own, top):
+            continue
         findings: list[Finding] = []
         for stmt, scope, caught, typing in _statements_with_scope(module):
             if typing or caught & _IMPORT_GUARDS:
@@ -1269,7 +1288,7 @@ def _engine_name_findings(index: SourceIndex, modules: Sequence[ModuleSource]) -
                     if engine is not None:
                         wanted.append((engine, node.args[1].value, node.lineno, "AttributeError"))
             for engine, name, line, error in wanted:
-                if engine.split(".")[0] == top:
+                if not _foreign(engine, engines, own, top):
                     continue
                 target = index.module(engine)
                 if target is None or not _given(index, target) or target.name.split(".")[0] == top:
@@ -1299,6 +1318,43 @@ def _engine_name_findings(index: SourceIndex, modules: Sequence[ModuleSource]) -
                 )
             )
     return results
+
+
+_LOCAL_IMPORT = re.compile(r"^[ \t]+from[ \t]+[\w.]+[ \t]+import\b", re.MULTILINE)
+_GETATTR_NAME = re.compile(r"\bgetattr\(\s*[\w.]+\s*,\s*[\"']\w+[\"']\s*\)")
+
+
+_SPELLED = re.compile(
+    r"^[ \t]*(?:from[ \t]+([\w.]+)[ \t]+import|import[ \t]+([\w.]+))"
+    r"|target_module\s*=\s*[\"']([\w.]+)[\"']",
+    re.MULTILINE,
+)
+
+
+def _own_folders(module: ModuleSource) -> set[str]:
+    """Folder names on the module's path above its module name: the packages it lives in
+    (``sglang``, ``srt`` for ``.../sglang/srt/mem_cache/pool.py`` given as ``mem_cache``)."""
+    parts = os.path.abspath(module.path).split(os.sep)
+    depth = len(module.name.split(".")) + (0 if module.is_package else 0)
+    return set(parts[: max(len(parts) - depth, 0)])
+
+
+def _foreign(spelled: str, engines: set[str], own: set[str], top: str) -> bool:
+    """An absolute module name that belongs to another package given (an engine)."""
+    first = spelled.split(".")[0]
+    return first in engines and first not in own and first != top
+
+
+def _may_take_engine_names(
+    module: ModuleSource, engines: set[str], own: set[str], top: str
+) -> bool:
+    """Whether the module spells an import (or a patch class's ``target_module``) of another
+    package given: only then are its statements read. An engine's own modules cost nothing."""
+    for match in _SPELLED.finditer(module.source):
+        spelled = next(g for g in match.groups() if g)
+        if _foreign(spelled, engines, own, top):
+            return True
+    return False
 
 
 def _shallow(stmt: ast.stmt) -> Iterator[ast.AST]:
@@ -1477,7 +1533,7 @@ def run_drift(
             results.append(
                 CheckResult(module.name, "drift:call-sites", outcome_for(found), tuple(found))
             )
-    results += _engine_name_findings(index, modules)
+    results += _engine_name_findings(index, modules, paths)
     if prefilter:  # files read on demand that failed, first and in file order, as unfiltered
         failed = index.given_errors
         results[:0] = [_load_error(p, failed[p]) for p in files if p in failed]

@@ -173,6 +173,10 @@ class Typer:
     replaced: dict[int, list[ClassSource]] = field(default_factory=dict)
     _children: dict[int, list[ClassSource]] | None = None
     _attrs: dict[tuple[int, str], TypeSet] = field(default_factory=dict)
+    _assigned: dict[int, dict[str, list[tuple[str, ast.expr, FunctionNode]]]] = field(
+        default_factory=dict
+    )
+    _guard_cache: dict[int, list[ast.stmt]] = field(default_factory=dict)
 
     # -- classes -------------------------------------------------------------------------------
     def descendants(self, cls: ClassSource) -> list[ClassSource]:
@@ -384,7 +388,7 @@ class Typer:
         line = getattr(at, "lineno", None)
         if line is None:
             return None
-        for node in _own_nodes(fn):
+        for node in self._guards(fn):
             test: ast.expr | None = None
             if isinstance(node, ast.If):
                 first = node.body[0].lineno if node.body else None
@@ -404,6 +408,19 @@ class Typer:
                     out = out | self.annotation(c, ctx, f"`isinstance({name}, {ast.unparse(c)})`")
                 return out
         return None
+
+    def _guards(self, fn: FunctionNode) -> list[ast.stmt]:
+        """The ``if``/``assert`` statements of ``fn`` that test ``isinstance`` (cached)."""
+        key = id(fn)
+        known = self._guard_cache.get(key)
+        if known is None:
+            known = [
+                s
+                for s in _own_statements(fn)
+                if isinstance(s, (ast.If, ast.Assert)) and "isinstance" in ast.unparse(s.test)
+            ]
+            self._guard_cache[key] = known
+        return known
 
     def _attribute(
         self, expr: ast.Attribute, ctx: Context, at: ast.AST | None, depth: int
@@ -460,21 +477,14 @@ class Typer:
                 )
             if isinstance(stmt, ast.Assign):
                 values.append((stmt.value, ctx))
-            for method in klass.methods.values():
-                me = _first_arg(method)
-                mctx = Context(klass.module, klass, method, _scope_for(klass, method))
-                for node in _own_nodes(method):
-                    if isinstance(node, ast.AnnAssign) and _is_self_attr(node.target, me, attr):
-                        note = ast.unparse(node.annotation)
-                        return self.annotation(node.annotation, mctx, f"`self.{attr}: {note}`")
-                    if isinstance(node, ast.Assign):
-                        for target in node.targets:
-                            if _is_self_attr(target, me, attr):
-                                values.append((node.value, mctx))
-                            elif isinstance(target, ast.Tuple) and any(
-                                _is_self_attr(t, me, attr) for t in target.elts
-                            ):
-                                return UNKNOWN
+            for kind, value, method in self._self_assigned(klass).get(attr, ()):
+                mctx = Context(klass.module, klass, method, klass.scope)
+                if kind == "annotated":
+                    note = ast.unparse(value)
+                    return self.annotation(value, mctx, f"`self.{attr}: {note}`")
+                if kind == "unpacked":
+                    return UNKNOWN
+                values.append((value, mctx))
         if not values:
             return UNKNOWN
         out = TypeSet()
@@ -486,6 +496,41 @@ class Typer:
                 typed.unknown,
                 typed.foreign,
             )
+        return out
+
+    def _self_assigned(
+        self, klass: ClassSource
+    ) -> dict[str, list[tuple[str, ast.expr, FunctionNode]]]:
+        """``self.x`` bindings in the class's methods, by name, read once per class:
+        ``("annotated", annotation, method)``, ``("assigned", value, method)`` or
+        ``("unpacked", target, method)`` (a tuple target: the value cannot be split)."""
+        key = id(klass)
+        known = self._assigned.get(key)
+        if known is not None:
+            return known
+        out: dict[str, list[tuple[str, ast.expr, FunctionNode]]] = {}
+        for method in klass.methods.values():
+            me = _first_arg(method)
+            if me is None:
+                continue
+            for node in _own_statements(method):
+                if isinstance(node, ast.AnnAssign):
+                    if _is_self_attr(node.target, me, None):
+                        assert isinstance(node.target, ast.Attribute)
+                        out.setdefault(node.target.attr, []).insert(
+                            0, ("annotated", node.annotation, method)
+                        )
+                elif isinstance(node, ast.Assign):
+                    for target in node.targets:
+                        if _is_self_attr(target, me, None):
+                            assert isinstance(target, ast.Attribute)
+                            out.setdefault(target.attr, []).append(("assigned", node.value, method))
+                        elif isinstance(target, ast.Tuple):
+                            for elt in target.elts:
+                                if _is_self_attr(elt, me, None):
+                                    assert isinstance(elt, ast.Attribute)
+                                    out.setdefault(elt.attr, []).append(("unpacked", elt, method))
+        self._assigned[key] = out
         return out
 
     def _call(self, call: ast.Call, ctx: Context, depth: int) -> TypeSet:
@@ -555,14 +600,10 @@ def _short(node: ast.AST) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _scope_for(cls: ClassSource, method: FunctionNode) -> LocalScope | None:
-    return cls.scope
-
-
-def _is_self_attr(target: ast.expr, me: str | None, attr: str) -> bool:
+def _is_self_attr(target: ast.expr, me: str | None, attr: str | None) -> bool:
     return (
         isinstance(target, ast.Attribute)
-        and target.attr == attr
+        and (attr is None or target.attr == attr)
         and isinstance(target.value, ast.Name)
         and target.value.id == me
     )
@@ -573,6 +614,23 @@ def _binds(target: ast.expr, name: str) -> bool:
         isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store)
         for n in ast.walk(target)
     )
+
+
+def _own_statements(fn: FunctionNode) -> Iterator[ast.stmt]:
+    """Every statement of ``fn``'s body at any depth, not entering nested functions or classes
+    (assignments and tests are statements: their expressions need no walk)."""
+    stack: list[ast.stmt] = list(fn.body)
+    while stack:
+        stmt = stack.pop()
+        yield stmt
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        for name in ("body", "orelse", "finalbody"):
+            stack.extend(getattr(stmt, name, ()))
+        for handler in getattr(stmt, "handlers", ()):
+            stack.extend(handler.body)
+        for case in getattr(stmt, "cases", ()):
+            stack.extend(case.body)
 
 
 def _own_nodes(fn: FunctionNode) -> Iterator[ast.AST]:
