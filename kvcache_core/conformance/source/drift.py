@@ -96,9 +96,8 @@ _OMITTING_RULES = frozenset({"became-required", "extra-required-parameter", "def
 #: Handlers that catch whatever a refusal raises.
 _BROAD = frozenset({"Exception", "BaseException"})
 #: Handlers that make a missing engine name a fallback, not a breakage.
-_IMPORT_GUARDS = frozenset(
-    {"ImportError", "ModuleNotFoundError", "AttributeError", "Exception", "BaseException"}
-)
+#: (A broad ``except Exception`` is no fallback: the patch then fails, logged or not.)
+_IMPORT_GUARDS = frozenset({"ImportError", "ModuleNotFoundError", "AttributeError"})
 
 
 def _given_files(paths: Sequence[str]) -> dict[str, str]:
@@ -200,12 +199,56 @@ def _load_filtered(
     for path, given in files.items():
         index.register_file(path, given)
     hits, marked = _scan(list(files), *_prefilter(methods, roots))
+    hits += [p for p in _plugin_files(files) if p not in set(hits)]
     kept: list[ModuleSource] = []
     for path in hits:
         module = index.load_given(path)
         if module is not None:
             kept.append(module)
     return kept, marked
+
+
+def _plugin_files(files: dict[str, str]) -> list[str]:
+    """Files that import from another folder given by its package name (a plugin importing
+    the engine it patches): they are read for the engine names they take. A file is searched
+    only for the package names of the other folders given, never for its own package's."""
+    parts: dict[str, set[str]] = {
+        given: {p for p in os.path.abspath(given).split(os.sep) if p.isidentifier()}
+        for given in dict.fromkeys(files.values())
+    }
+    every = set().union(*parts.values()) if parts else set()
+    out: list[str] = []
+    patterns: dict[frozenset[str], re.Pattern[bytes] | None] = {}
+    packages: dict[tuple[str, str | None], tuple[list[str], str]] = {}
+    for path, given in files.items():
+        name, root = module_name_for(path, given, packages)
+        own = frozenset(_folders_above(root) | {name.split(".")[0]})
+        if own not in patterns:
+            foreign = sorted(every - own)
+            patterns[own] = (
+                re.compile(
+                    rb"^[ \t]*(?:from|import)[ \t]+(?:"
+                    + b"|".join(re.escape(n.encode()) for n in foreign)
+                    + rb")\b|target_module\s*=",
+                    re.MULTILINE,
+                )
+                if foreign
+                else None
+            )
+        pattern = patterns[own]
+        if pattern is None:
+            continue
+        try:
+            with open(path, "rb") as fh:
+                if pattern.search(fh.read()):
+                    out.append(path)
+        except OSError:
+            continue
+    return out
+
+
+def _folders_above(root: str) -> set[str]:
+    return {p for p in os.path.abspath(root).split(os.sep) if p}
 
 
 def _matches(cls: ClassSource, pattern: str) -> bool:
@@ -1253,14 +1296,51 @@ def _rebindings(
     return out
 
 
+def _installed_names(index: SourceIndex, modules: Sequence[ModuleSource]) -> set[tuple[str, str]]:
+    """``(module, name)`` a plugin sets on an engine module itself (``setattr(mod, "X", ...)``,
+    ``mod.X = ...``): reading it back later is no missing name."""
+    out: set[tuple[str, str]] = set()
+    for module in modules:
+        if "setattr(" not in module.source and not _REBIND.search(module.source):
+            continue
+        for stmt, scope, _, _ in _statements_with_scope(module):
+            owner: ast.expr | None = None
+            name: str | None = None
+            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+                target = stmt.targets[0]
+                if isinstance(target, ast.Attribute):
+                    owner, name = target.value, target.attr
+            elif (
+                isinstance(stmt, ast.Expr)
+                and isinstance(stmt.value, ast.Call)
+                and isinstance(stmt.value.func, ast.Name)
+                and stmt.value.func.id == "setattr"
+                and len(stmt.value.args) == 3
+                and isinstance(stmt.value.args[1], ast.Constant)
+                and isinstance(stmt.value.args[1].value, str)
+            ):
+                owner, name = stmt.value.args[0], stmt.value.args[1].value
+            if owner is None or name is None:
+                continue
+            engine = index.module_of(module, owner, scope)
+            target_module = index.module(engine) if engine is not None else None
+            if target_module is not None:
+                out.add((target_module.name, name))
+    return out
+
+
 def _engine_name_findings(
-    index: SourceIndex, modules: Sequence[ModuleSource], given: Sequence[str]
+    index: SourceIndex,
+    modules: Sequence[ModuleSource],
+    given: Sequence[str],
+    files: dict[str, str],
 ) -> list[CheckResult]:
     """``missing-engine-name``: a plugin module takes a name (``from engine.mod import name``,
     ``getattr(engine_mod, "name")``) from a module of another package given, and that module
     no longer defines it: the plugin breaks at import, or its patch silently fails."""
     results: list[CheckResult] = []
     engines = {part for path in given for part in os.path.abspath(path).split(os.sep) if part}
+    installed = _installed_names(index, modules)
     for module in modules:
         top = module.name.split(".")[0]
         own = _own_folders(module)
@@ -1293,9 +1373,9 @@ def _engine_name_findings(
                 target = index.module(engine)
                 if target is None or not _given(index, target) or target.name.split(".")[0] == top:
                     continue
-                if _defines(index, target, name):
+                if _defines(index, target, name) or (target.name, name) in installed:
                     continue
-                moved = _moved_to(index, target, name)
+                moved = _moved_to(index, target, name, files)
                 findings.append(
                     Finding(
                         rule="missing-engine-name",
@@ -1332,11 +1412,11 @@ _SPELLED = re.compile(
 
 
 def _own_folders(module: ModuleSource) -> set[str]:
-    """Folder names on the module's path above its module name: the packages it lives in
-    (``sglang``, ``srt`` for ``.../sglang/srt/mem_cache/pool.py`` given as ``mem_cache``)."""
+    """The module's own package and the folders above its import root: the names it imports
+    itself by (``sglang`` for ``.../sglang/srt/mem_cache/pool.py`` given as ``mem_cache``)."""
     parts = os.path.abspath(module.path).split(os.sep)
-    depth = len(module.name.split(".")) + (0 if module.is_package else 0)
-    return set(parts[: max(len(parts) - depth, 0)])
+    depth = len(module.name.split(".")) + (1 if module.is_package else 0)
+    return set(parts[: max(len(parts) - depth, 0)]) | {module.name.split(".")[0]}
 
 
 def _foreign(spelled: str, engines: set[str], own: set[str], top: str) -> bool:
@@ -1391,18 +1471,34 @@ def _defines(index: SourceIndex, module: ModuleSource, name: str, hops: int = 0)
     return False
 
 
-def _moved_to(index: SourceIndex, near: ModuleSource, name: str) -> str | None:
-    """A given module of the same package that defines ``name`` at its top level (where the
-    name went), if exactly one does."""
+def _moved_to(
+    index: SourceIndex, near: ModuleSource, name: str, files: dict[str, str]
+) -> str | None:
+    """The given module of the same package that now defines ``name`` at its top level
+    (``def``, ``class`` or an assignment), if exactly one does: where the name went."""
     top = near.name.split(".")[0]
-    found = [
-        m.name
-        for m in index.given_modules()
-        if m.name.split(".")[0] == top
-        and m is not near
-        and name in m.defined_names
-        and not m.imports.get(name)
-    ]
+    pattern = re.compile(
+        rb"^(?:(?:async[ \t]+)?def|class)[ \t]+"
+        + re.escape(name.encode())
+        + rb"\b|^"
+        + re.escape(name.encode())
+        + rb"[ \t]*[:=]",
+        re.MULTILINE,
+    )
+    found: list[str] = []
+    packages: dict[tuple[str, str | None], tuple[list[str], str]] = {}
+    for path, anchor in files.items():
+        if path == near.path:
+            continue
+        module_name = module_name_for(path, anchor, packages)[0]
+        if module_name.split(".")[0] != top:
+            continue
+        try:
+            with open(path, "rb") as fh:
+                if pattern.search(fh.read()):
+                    found.append(module_name)
+        except OSError:
+            continue
     return found[0] if len(found) == 1 else None
 
 
@@ -1533,7 +1629,7 @@ def run_drift(
             results.append(
                 CheckResult(module.name, "drift:call-sites", outcome_for(found), tuple(found))
             )
-    results += _engine_name_findings(index, modules, paths)
+    results += _engine_name_findings(index, modules, paths, files)
     if prefilter:  # files read on demand that failed, first and in file order, as unfiltered
         failed = index.given_errors
         results[:0] = [_load_error(p, failed[p]) for p in files if p in failed]
