@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kvcache_core.conformance.results.model import Outcome
@@ -29,16 +31,20 @@ def test_override_finding_names_the_ancestor_and_both_signatures():
     assert f.contract_location.path.endswith("drift_tree/base.py")
 
 
-def test_call_site_finding_says_which_implementer_and_what_to_add():
+def test_one_finding_per_drift_with_the_calls_that_break_as_related_locations():
     results = analyze([str(TREE)])
-    calls = [f for r in results for f in r.findings if f.rule == "unaccepted-keyword"]
-    assert len(calls) == 2
-    f = calls[0]
-    assert "TreeNarrowPool.get_cpu_copy" in f.message
-    assert (
-        f.hint == "add `mamba_indices: torch.Tensor | None = None` to TreeNarrowPool.get_cpu_copy"
+    (f,) = [f for r in results for f in r.findings]
+    assert (f.rule, f.severity.value) == ("missing-parameter", "error")
+    lines = sorted((Path(r.location.path).name, r.location.line) for r in f.related)
+    assert lines == [("callers.py", 11), ("callers.py", 22)]
+    first = min(f.related, key=lambda r: r.location.line)
+    assert "`retract` calls `pool.get_cpu_copy(slots, mamba_indices=state)`" in first.message
+    assert "(`pool: TreeBasePool`)" in first.message
+    assert "TypeError: get_cpu_copy() got an unexpected keyword argument 'mamba_indices'" in (
+        first.message
     )
-    assert f.contract_location is not None and f.contract_location.path.endswith("impls.py")
+    assert "retract (callers.py:11) calls" in f.message  # the message names the caller too
+    assert f.hint == "add `mamba_indices: torch.Tensor | None = None`"
 
 
 def test_root_limits_the_hierarchy():
@@ -80,7 +86,7 @@ def test_large_generated_module(tmp_path):
 def test_cli_drift(run_cli, tmp_path):
     run = run_cli("drift", str(TREE))
     assert run.code == 1
-    assert len(run.findings("unaccepted-keyword")) == 2
+    assert len(run.findings("missing-parameter")) == 1 and not run.findings("unaccepted-keyword")
     run = run_cli("drift", str(TREE), "--methods", "load_cpu_copy")
     assert run.code == 0
     run = run_cli("drift", str(tmp_path / "nothing"))

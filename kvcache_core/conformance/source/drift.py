@@ -508,16 +508,16 @@ class _Hit:
     reached: ClassSource  # the class of the object (owner or a subclass inheriting it)
     how: str  # why the receiver can be that class, for messages
     #: "typed": the object is of that class (built there, ``self``, ``super()``, or declared
-    #: as a class whose implementation it runs); "root": a strict subclass reached through a
-    #: declaration of the family's root (a generic caller: every member passes there);
-    #: "narrowed": a strict subclass reached through a declaration of a class in the middle
-    #: (it gets there only when chosen there); "union": one of several unrelated classes
-    #: assigned, whichever a branch chose; "untyped": matched by the keyword alone
+    #: as a class whose implementation it runs); "declared": a strict subclass of a declared
+    #: class (an annotation: any subclass may arrive, and relies on the declared signature);
+    #: "narrowed": a strict subclass of a class an ``isinstance`` test dispatched on (a branch
+    #: for what arrived, not a promise that every subclass does); "union": one of several
+    #: unrelated classes assigned, whichever a branch chose; "untyped": matched by keyword
     strength: str
     drop_first: bool
     breaks: tuple[Break, ...]
-    #: For "root" hits: the parameters the declared class's own method names (the contract a
-    #: generic caller relies on); a keyword outside it is an extension only some members have.
+    #: For "declared" hits: the parameters the declared class's own method names (the
+    #: contract the caller relies on); a keyword outside it is an extension some members lack.
     declared: frozenset[str] = frozenset()
 
     def passes(self, name: str, sig: MethodSig) -> bool:
@@ -532,7 +532,7 @@ class _Hit:
         return name in positional[: len(args)]
 
 
-_STRENGTH = {"typed": 0, "root": 1, "narrowed": 2, "union": 3, "untyped": 4}
+_STRENGTH = {"typed": 0, "declared": 1, "narrowed": 2, "union": 3, "untyped": 4}
 
 
 @dataclass
@@ -614,11 +614,6 @@ class _Run:
                 add(typed.cls, f"`{ast.unparse(receiver)}` itself", "typed", drop_first=explicit)
                 continue
             declared = self.index.find_method(typed.cls, method)
-            generic = (
-                declared is None
-                or is_stub(declared[1])
-                or _nearest_definer(self.index, declared[0], method) is None
-            )
             names = (
                 frozenset(p.name for p in self.sig(*declared).params)
                 if declared is not None
@@ -633,7 +628,7 @@ class _Run:
                 elif not typed.exact and klass is not typed.cls:
                     runs = self.index.find_method(klass, method)
                     if declared is None or runs is None or runs[1] is not declared[1]:
-                        strength = "root" if generic else "narrowed"
+                        strength = "narrowed" if typed.guard else "declared"
                 add(klass, typed.how, strength, declared=names)
         if types.unknown and not types.known:
             self._untyped(site, add)
@@ -750,14 +745,14 @@ def _caller_sentence(hits: Sequence[_Hit], broken: bool = True) -> str:
     return f" {caller} ({where}) calls `{first.site.text}` ({first.how}); {outcome}{tail}.{untyped}"
 
 
-def _severity(hits: Sequence[_Hit], param: str | None, *, root: bool = True) -> Severity:
-    """Error when a call certainly reaches the class, or (with ``root``) reaches it through a
-    declaration of its family's root whose own method names ``param``: a generic caller
-    relying on the root's contract. A warning otherwise."""
+def _severity(hits: Sequence[_Hit], param: str | None, *, declared: bool = True) -> Severity:
+    """Error when a call certainly reaches the class, or (with ``declared``) reaches it as a
+    subclass of a declared class whose own method names ``param``: the caller relies on that
+    signature, and this class narrowed it (Liskov). A warning otherwise."""
     for hit in hits:
         if hit.strength == "typed":
             return Severity.ERROR
-        if root and hit.strength == "root" and (param is None or param in hit.declared):
+        if declared and hit.strength == "declared" and (param is None or param in hit.declared):
             return Severity.ERROR
     return Severity.WARNING
 
@@ -960,9 +955,9 @@ def _judged(
     if param is not None and explain:
         run.explained.add((id(node), param))
     if evidence:
-        # Through the family's root, a class breaks its callers only when it narrowed a working
-        # implementation; against a stub, the root promised nothing that ran.
-        severity = _severity(evidence, param, root=not stub)
+        # Through a declared base, a class breaks its callers when it narrowed a working
+        # implementation; against a stub, the base promised nothing that ran.
+        severity = _severity(evidence, param, declared=not stub)
         if finding.rule in ("kwargs-hides-parameter", "parameter-not-forwarded"):
             sentence = " A call whose value is lost:" + _caller_sentence(evidence, broken=False)
         else:

@@ -51,6 +51,9 @@ class Typed:
     exact: bool
     how: str
     is_class: bool = False
+    #: Known from an ``isinstance`` test around the use: a dispatch on what arrived, not a
+    #: declaration that every subclass may arrive.
+    guard: bool = False
 
 
 @dataclass(frozen=True)
@@ -406,7 +409,11 @@ class Typer:
                 out = TypeSet()
                 for c in classes:
                     out = out | self.annotation(c, ctx, f"`isinstance({name}, {ast.unparse(c)})`")
-                return out
+                return TypeSet(
+                    tuple(Typed(t.cls, t.exact, t.how, t.is_class, True) for t in out.known),
+                    out.unknown,
+                    out.foreign,
+                )
         return None
 
     def _guards(self, fn: FunctionNode) -> list[ast.stmt]:
