@@ -73,14 +73,11 @@ def test_large_generated_module(tmp_path):
     path = tmp_path / "big_pools.py"
     path.write_text(source, encoding="utf-8")
     results = analyze([str(path)])
-    over = {
-        r.target.rsplit(".", 1)[-1]
-        for r in results
-        if r.check == "drift:overrides" and r.outcome is Outcome.FAILED
-    }
-    assert over == narrowed
-    calls = [f for r in results for f in r.findings if f.rule == "unaccepted-keyword"]
-    assert len(calls) == keyword_calls
+    found = [f for r in results for f in r.findings]
+    assert {f.target.rsplit(".", 1)[-1] for f in found} == narrowed
+    # each narrowed pool: one finding, every `pool: BasePool` call passing the keyword attached
+    assert all(f.rule == "missing-parameter" and f.is_error for f in found)
+    assert {len(f.related) for f in found} == {keyword_calls}
 
 
 def test_cli_drift(run_cli, tmp_path):
@@ -151,31 +148,37 @@ def test_an_ambiguous_module_path_suffix_resolves_nothing(tmp_path):
 def test_every_keyword_of_a_call_is_checked_and_positional_only_takes_none(tmp_path):
     (tmp_path / "pools.py").write_text(
         "class Base:\n"
-        "    def load_cpu_copy(self, snapshot, indices, mamba_indices=None): ...\n"
+        "    def load_cpu_copy(self, snapshot, indices, mamba_indices=None):\n"
+        "        return indices\n"
         "\n"
         "\n"
         "class PosOnly(Base):\n"
-        "    def load_cpu_copy(self, snapshot, indices, /, mamba_indices=None): ...\n"
+        "    def load_cpu_copy(self, snapshot, indices, /, mamba_indices=None):\n"
+        "        return indices\n"
         "\n"
         "\n"
-        "def restore(pool, snap, slots, state):\n"
+        "def restore(pool: Base, snap, slots, state):\n"
         "    pool.load_cpu_copy(snap, indices=slots, mamba_indices=state, stream=None)\n"
         "    pool.load_cpu_copy(snapshot=snap, indices=slots)\n"
         "    pool.load_cpu_copy(snap, slots, mamba_indices=state)\n"
     )
     results = analyze([str(tmp_path / "pools.py")])
-    calls = sorted(
-        (f.impl_location.line, f.parameter, f.contract_location.line)
+    found = {
+        (f.rule, f.parameter, f.impl_location.line): sorted(r.location.line for r in f.related)
         for r in results
         for f in r.findings
-        if f.rule == "unaccepted-keyword"
-    )
-    assert calls == [
-        (10, "indices", 6),  # positional-only: `indices=` is a TypeError
-        (10, "stream", 2),  # the third keyword of the same call
-        (11, "indices", 6),
-        (11, "snapshot", 6),
-    ]
+    }
+    assert found == {
+        # positional-only: `indices=` (lines 12 and 13) and `snapshot=` (13) are TypeErrors on
+        # a PosOnly; one finding per parameter, the calls that break attached
+        ("parameter-kind-changed", "indices", 7): [12, 13],
+        ("parameter-kind-changed", "snapshot", 7): [13],
+        # the third keyword of line 12: no implementation takes it, so the call is wrong
+        ("unaccepted-keyword", "stream", 12): [],
+    }
+    assert all(f.is_error for r in results for f in r.findings)
+    (kind,) = [f for r in results for f in r.findings if f.parameter == "snapshot"]
+    assert "'snapshot'" in kind.related[0].message
 
 
 def test_files_of_one_name_in_two_namespace_folders_stay_two_modules(monkeypatch):

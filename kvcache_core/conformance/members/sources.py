@@ -180,8 +180,10 @@ class LocalScope:
 
     @property
     def qualname(self) -> str:
-        head = self.parent.qualname if self.parent is not None else (
-            self.owner.qualname.removeprefix(self.module.name + ".") if self.owner else ""
+        head = (
+            self.parent.qualname
+            if self.parent is not None
+            else (self.owner.qualname.removeprefix(self.module.name + ".") if self.owner else "")
         )
         return f"{head}.{self.node.name}" if head else self.node.name
 
@@ -796,7 +798,9 @@ class SourceIndex:
                 return self.resolve_attr(local.module, local.attr, hops + 1)
             if isinstance(local, ast.expr):
                 if isinstance(local, ast.Name) and local.id == expr.id:  # `X = X`: the outer one
-                    return self.resolve_expr(module, local, hops + 1, scope.parent if scope else None)
+                    return self.resolve_expr(
+                        module, local, hops + 1, scope.parent if scope else None
+                    )
                 return self.resolve_expr(module, local, hops + 1, scope)
             found = self.resolve_name(module, expr.id, hops)
             return found if found is not None else ExternalBase(expr.id, known=False)

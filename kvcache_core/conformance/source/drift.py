@@ -200,11 +200,21 @@ def _load_filtered(
         index.register_file(path, given)
     hits, marked = _scan(list(files), *_prefilter(methods, roots))
     hits += [p for p in _plugin_files(files) if p not in set(hits)]
+    names = set(methods)
+    root_names = [r.rsplit(".", 1)[-1] for r in roots]
     kept: list[ModuleSource] = []
     for path in hits:
-        module = index.load_given(path)
-        if module is not None:
-            kept.append(module)
+        module = index.load_given(path, keep=False)
+        if module is None:
+            continue
+        # Remembered by the index only when one of its classes matters (defines a followed
+        # method, or is a root): a module read for its calls alone is dropped after the run.
+        if any(
+            names & set(c.methods) or any(fnmatch.fnmatchcase(c.name, r) for r in root_names)
+            for c in module.all_classes
+        ):
+            module = index.adopt(module)
+        kept.append(module)
     return kept, marked
 
 
@@ -582,7 +592,9 @@ class _Run:
                 return
             sig = self.sig(owner, node)
             breaks = tuple(binding_breaks(call, sig, drop_first=drop_first))
-            found[key] = _Hit(site, owner, reached, how, strength, drop_first, breaks, declared)
+            # The class that defines what runs names the object: subclasses inheriting it run
+            # the same code (and which one was met first depends on the reading order).
+            found[key] = _Hit(site, owner, owner, how, strength, drop_first, breaks, declared)
 
         if _is_super(call):
             if site.cls is not None:
@@ -704,13 +716,14 @@ def _runs_caller(index: SourceIndex, site: _Site, typed: Typed, klass: ClassSour
 # -- findings -----------------------------------------------------------------------------------
 
 
-def _related(hits: Sequence[_Hit]) -> tuple[Related, ...]:
+def _related(hits: Sequence[_Hit], param: str | None = None) -> tuple[Related, ...]:
     out: dict[tuple[str, int], Related] = {}
     for hit in sorted(hits, key=lambda h: (h.site.module.path, h.site.call.lineno)):
         key = (hit.site.module.path, hit.site.call.lineno)
         if key in out:
             continue
-        reason = hit.breaks[0].reason if hit.breaks else "passes it"
+        mine = [b for b in hit.breaks if b.parameter == param] or list(hit.breaks)
+        reason = mine[0].reason if mine else "passes it"
         out[key] = Related(
             hit.site.location,
             f"`{hit.site.where.rsplit('.', 2)[-2] + '.' if hit.site.cls else ''}"
@@ -967,7 +980,7 @@ def _judged(
                 finding,
                 message=finding.message + sentence,
                 severity=severity if finding.is_error else finding.severity,
-                related=_related(evidence),
+                related=_related(evidence, param),
             )
         ]
     if stub:
@@ -1131,7 +1144,7 @@ def _unaccepted_findings(run: _Run, cls: ClassSource, name: str) -> list[Finding
                 hint=f"add `{wanted}` to {cls.name}.{name}",
                 impl_location=Location(cls.path, node.lineno),
                 severity=_severity(evidence, param),
-                related=_related(evidence),
+                related=_related(evidence, param),
             )
         )
     return out
