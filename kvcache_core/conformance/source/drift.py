@@ -53,7 +53,7 @@ from ..members.sources import (
 from ..results.model import CheckResult, Finding, Location, Related, unparsable_file
 from ..results.rules import Severity
 from ..results.usage import UsageError
-from .receivers import Break, Context, Typed, TypeSet, Typer, binding_breaks, is_stub, raises_only
+from .receivers import Break, Context, Typed, Typer, binding_breaks, is_stub, raises_only
 
 __all__ = ["DEFAULT_METHODS", "DRIFT_RULES", "DriftRun", "analyze", "run_drift"]
 
@@ -321,8 +321,6 @@ def _unresolved_findings(
     """``unresolved-base``: never a silent pass on a base the tree given does not contain."""
     blind: dict[str, list[str]] = {}
     for name in methods:
-        if name == "__init__" and _unresolved_before_definer(index, cls, name):
-            pass
         for unknown in _unresolved_before_definer(index, cls, name):
             blind.setdefault(unknown.name, []).append(name)
     findings: list[Finding] = []
@@ -400,9 +398,9 @@ def _functions(
                 stack.extend(
                     c
                     for c in ast.iter_child_nodes(node)
-                    if isinstance(c, ast.stmt) or isinstance(c, ast.excepthandler)
+                    if isinstance(c, (ast.stmt, ast.ExceptHandler))
                 )
-            elif isinstance(node, ast.excepthandler):
+            elif isinstance(node, ast.ExceptHandler):
                 stack.extend(node.body)
 
     for stmt in module.tree.body:
@@ -783,9 +781,9 @@ def _forwards_unchanged(node: FunctionNode, method: str) -> bool:
                     isinstance(arg, ast.Starred)
                     and isinstance(arg.value, ast.Name)
                     and arg.value.id == star
+                    and double is None
                 ):
-                    if double is None:
-                        return True
+                    return True
             for kw in sub.keywords:
                 if kw.arg is None and isinstance(kw.value, ast.Name) and kw.value.id == double:
                     return True
@@ -1287,7 +1285,9 @@ def _rebindings(
                 and isinstance(stmt.value.args[1].value, str)
             ):
                 args = stmt.value.args
-                pairs.append((args[0], str(args[1].value), args[2]))
+                name = args[1]
+                assert isinstance(name, ast.Constant)
+                pairs.append((args[0], str(name.value), args[2]))
             for owner, attr, value in pairs:
                 engine = index.module_of(module, owner, scope)
                 if engine is None:
@@ -1299,7 +1299,8 @@ def _rebindings(
                     and isinstance(replacement, ClassSource)
                     and replaced is not replacement
                 ):
-                    where = f"`{ast.unparse(stmt).splitlines()[0]}` at {os.path.basename(module.path)}:{stmt.lineno}"
+                    text = ast.unparse(stmt).splitlines()[0]
+                    where = f"`{text}` at {os.path.basename(module.path)}:{stmt.lineno}"
                     out.append((replaced, replacement, where))
     return out
 
@@ -1394,7 +1395,8 @@ def _engine_name_findings(
                         parameter=name,
                         hint=f"take `{name}` from `{moved}`"
                         if moved
-                        else f"stop relying on `{engine}.{name}`, or guard it (`except {error}:` with a fallback)",
+                        else f"stop relying on `{engine}.{name}`, or guard it "
+                        f"(`except {error}:` with a fallback)",
                         impl_location=Location(module.path, line),
                         contract_location=Location(target.path, 1),
                     )
@@ -1604,24 +1606,14 @@ def run_drift(
         findings: list[Finding] = []
         for name in overrides:
             if _unresolved_before_definer(index, cls, name):
-                continue  # reported as unresolved-base: comparing with a farther class could mislead
+                continue  # unresolved-base: comparing with a farther class could mislead
             contract = _contract_for(run, cls, name, replaces)
             if contract is not None:
                 findings += _override_findings(run, cls, name, contract)
         for name in overrides:
             if not cls.is_protocol:
                 findings += _unaccepted_findings(run, cls, name)
-        findings += _unresolved_findings(
-            index,
-            cls,
-            [
-                m
-                for m in overrides
-                if m != "__init__"
-                or _nearest_definer(index, cls, m) is not None
-                or index.bases(cls)
-            ],
-        )
+        findings += _unresolved_findings(index, cls, overrides)
         results.append(
             CheckResult(
                 cls.qualname,

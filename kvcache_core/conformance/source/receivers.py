@@ -234,11 +234,11 @@ class Typer:
                     out = out | self._annotation(item, ctx, how, depth + 1)
                 return out
             if head in _CLASS_NAMES:
-                inner = self._annotation(items[0], ctx, how, depth + 1)
+                of_class = self._annotation(items[0], ctx, how, depth + 1)
                 return TypeSet(
-                    tuple(Typed(t.cls, False, t.how, is_class=True) for t in inner.known),
-                    inner.unknown,
-                    inner.foreign,
+                    tuple(Typed(t.cls, False, t.how, is_class=True) for t in of_class.known),
+                    of_class.unknown,
+                    of_class.foreign,
                 )
             if head == "Annotated":
                 return self._annotation(items[0], ctx, how, depth + 1)
@@ -446,8 +446,7 @@ class Typer:
                 if method is None:
                     out = out | self.attribute_of(typed.cls, expr.attr, depth + 1)
                 continue
-            for klass in [typed.cls] if typed.exact else [typed.cls]:
-                out = out | self.attribute_of(klass, expr.attr, depth + 1)
+            out = out | self.attribute_of(typed.cls, expr.attr, depth + 1)
         return out
 
     def attribute_of(self, cls: ClassSource, attr: str, depth: int = 0) -> TypeSet:
@@ -725,7 +724,7 @@ def binding_breaks(call: ast.Call, sig: MethodSig, *, drop_first: bool = False) 
             filled.add(kw.arg)
     if not starred and not double:
         for param in params:
-            if param.required and param.name not in filled:
+            if param.required and param.name not in filled:  # noqa: SIM102 (two reasons)
                 if param.kind is ParamKind.KEYWORD_ONLY or param.positional:
                     out.append(
                         Break(
