@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from kvcache_core.conformance.results.model import Outcome
 from kvcache_core.conformance.source.drift import analyze
 
 from ._corpus import CORPUS, diff, expectations, reported

@@ -5,7 +5,8 @@ Rule ids are the checker's stable ids (``tool.driver.rules``, in ``rules.py`` or
 file:line; the contract's file:line is a ``relatedLocation``, and so is each call site a
 drift finding names. Paths under the working directory are relative to ``%SRCROOT%``
 (declared in ``originalUriBaseIds``), others absolute ``file:`` URIs. An expected failure
-is reported with an accepted external suppression, so viewers show it as dismissed; checks that could not run become ``toolExecutionNotifications``.
+is reported with an accepted external suppression, so viewers show it as dismissed; checks
+that could not run become ``toolExecutionNotifications``.
 """
 
 from __future__ import annotations
