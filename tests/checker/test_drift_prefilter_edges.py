@@ -16,7 +16,11 @@ from pathlib import Path
 from kvcache_core.conformance.source.drift import analyze
 
 # A working base (not a stub): a rename against it is a finding even when no call shows it.
-BASE = "class Base:\n    def get_cpu_copy(self, indices, mamba_indices=None):\n        return indices\n"
+BASE = (
+    "class Base:\n"
+    "    def get_cpu_copy(self, indices, mamba_indices=None):\n"
+    "        return indices\n"
+)
 
 
 def _write(path: Path, text: str) -> None:
