@@ -693,9 +693,9 @@ class _Run:
 
 def _self_passed(site: _Site, node: FunctionNode) -> bool:
     """``Class.m(self, ...)``: the call passes the instance as its first argument."""
-    from .receivers import _kind_of
+    from .receivers import method_kind
 
-    if _kind_of(node) != "method":
+    if method_kind(node) != "method":
         return False
     args = site.call.args
     me = site.func.args.args[0].arg if site.func is not None and site.func.args.args else None
@@ -1305,6 +1305,17 @@ def _rebindings(
     return out
 
 
+def _plugin_modules(modules: Sequence[ModuleSource], given: Sequence[str]) -> list[ModuleSource]:
+    """The modules that spell an import of another package given (or a patch class's
+    ``target_module``): where rebinding an engine's names can happen."""
+    engines = {part for path in given for part in os.path.abspath(path).split(os.sep) if part}
+    return [
+        m
+        for m in modules
+        if _may_take_engine_names(m, engines, _own_folders(m), m.name.split(".")[0])
+    ]
+
+
 def _installed_names(index: SourceIndex, modules: Sequence[ModuleSource]) -> set[tuple[str, str]]:
     """``(module, name)`` a plugin sets on an engine module itself (``setattr(mod, "X", ...)``,
     ``mod.X = ...``): reading it back later is no missing name."""
@@ -1349,7 +1360,7 @@ def _engine_name_findings(
     no longer defines it: the plugin breaks at import, or its patch silently fails."""
     results: list[CheckResult] = []
     engines = {part for path in given for part in os.path.abspath(path).split(os.sep) if part}
-    installed = _installed_names(index, modules)
+    installed = _installed_names(index, _plugin_modules(modules, given))
     for module in modules:
         top = module.name.split(".")[0]
         own = _own_folders(module)
@@ -1571,7 +1582,7 @@ def run_drift(
     else:
         wanted = DEFAULT_METHODS
     scope = _scope(index, classes, roots)
-    rebinds = _rebindings(index, modules)
+    rebinds = _rebindings(index, _plugin_modules(modules, paths))
     replaces: dict[int, tuple[ClassSource, str]] = {}
     typer = Typer(index, classes)
     for replaced, replacement, where in rebinds:

@@ -136,7 +136,7 @@ def _decorator_name(node: ast.expr) -> str:
     return node.attr if isinstance(node, ast.Attribute) else ""
 
 
-def _kind_of(fn: FunctionNode) -> str:
+def method_kind(fn: FunctionNode) -> str:
     names = {_decorator_name(d) for d in fn.decorator_list}
     if "staticmethod" in names:
         return "static"
@@ -307,8 +307,8 @@ class Typer:
             narrowed = self._narrowed(name, ctx, at)
             if narrowed is not None:
                 return narrowed
-            if ctx.cls is not None and name == _first_arg(fn) and _kind_of(fn) != "static":
-                is_class = _kind_of(fn) == "class"
+            if ctx.cls is not None and name == _first_arg(fn) and method_kind(fn) != "static":
+                is_class = method_kind(fn) == "class"
                 return TypeSet((Typed(ctx.cls, False, f"`{name}` in {ctx.cls.name}", is_class),))
             a = fn.args
             for arg in a.posonlyargs + a.args + a.kwonlyargs:
