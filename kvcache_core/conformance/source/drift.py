@@ -560,6 +560,30 @@ class _Run:
     call_level: set[tuple[int, str]] = field(default_factory=set)
     #: Hits by call (``id`` of its node).
     site_hits: dict[int, list[_Hit]] = field(default_factory=dict)
+    #: ``implementations`` by (declared class, exact, method).
+    implemented: dict[
+        tuple[int, bool, str], list[tuple[ClassSource, bool, tuple[ClassSource, FunctionNode]]]
+    ] = field(default_factory=dict)
+    #: Breaks by (implementation, call shape).
+    bound: dict[tuple[object, ...], tuple[Break, ...]] = field(default_factory=dict)
+
+    def breaks(
+        self,
+        call: ast.Call,
+        owner: ClassSource,
+        node: FunctionNode,
+        drop_first: bool,
+        shape: tuple[object, ...],
+    ) -> tuple[Break, ...]:
+        """``binding_breaks`` of the call, computed once per call shape (positional count,
+        unpacking, keyword names) and implementation: a tree of many subclasses reached by
+        many alike calls binds each shape once."""
+        key = (id(node), drop_first, shape)
+        known = self.bound.get(key)
+        if known is None:
+            known = tuple(binding_breaks(call, self.sig(owner, node), drop_first=drop_first))
+            self.bound[key] = known
+        return known
 
     def sig(self, cls: ClassSource, node: FunctionNode) -> MethodSig:
         key = id(node)
@@ -572,6 +596,11 @@ class _Run:
         method = site.method
         call = site.call
         found: dict[int, _Hit] = {}
+        shape = (
+            len(call.args),
+            any(isinstance(a, ast.Starred) for a in call.args),
+            tuple(k.arg for k in call.keywords),
+        )
 
         def add(
             reached: ClassSource,
@@ -579,17 +608,18 @@ class _Run:
             strength: str,
             drop_first: bool = False,
             declared: frozenset[str] = frozenset(),
+            definer: tuple[ClassSource, FunctionNode] | None = None,
         ) -> None:
-            definer = self.index.find_method(reached, method)
             if definer is None:
-                return
+                definer = self.index.find_method(reached, method)
+                if definer is None:
+                    return
             owner, node = definer
             key = id(node)
             known = found.get(key)
             if known is not None and _STRENGTH[known.strength] <= _STRENGTH[strength]:
                 return
-            sig = self.sig(owner, node)
-            breaks = tuple(binding_breaks(call, sig, drop_first=drop_first))
+            breaks = self.breaks(call, owner, node, drop_first, shape)
             # The class that defines what runs names the object: subclasses inheriting it run
             # the same code (and which one was met first depends on the reading order).
             found[key] = _Hit(site, owner, owner, how, strength, drop_first, breaks, declared)
@@ -629,20 +659,48 @@ class _Run:
                 if declared is not None
                 else frozenset()
             )
-            for klass in self.typer.reached(typed):
-                if not _runs_caller(self.index, site, typed, klass):
+            self_call = site.func is not None and typed.cls is site.cls
+            for klass, inherits, definer in self.implementations(typed, method):
+                if self_call and not _runs_caller(self.index, site, typed, klass):
                     continue
                 strength = "typed"
                 if mixed:
                     strength = "union"
-                elif not typed.exact and klass is not typed.cls:
-                    runs = self.index.find_method(klass, method)
-                    if declared is None or runs is None or runs[1] is not declared[1]:
-                        strength = "narrowed" if typed.guard else "declared"
-                add(klass, typed.how, strength, declared=names)
+                elif not inherits:
+                    strength = "narrowed" if typed.guard else "declared"
+                add(klass, typed.how, strength, declared=names, definer=definer)
         if types.unknown and not types.known:
             self._untyped(site, add)
         return list(found.values())
+
+    def implementations(
+        self, typed: Typed, method: str
+    ) -> list[tuple[ClassSource, bool, tuple[ClassSource, FunctionNode]]]:
+        """The classes an object typed so can be, one per implementation of ``method`` that
+        runs (the class, or a subclass with its own), each with whether it runs the declared
+        class's own implementation. Cached: many calls share a declaration."""
+        key = (id(typed.cls), typed.exact, method)
+        known = self.implemented.get(key)
+        if known is not None:
+            return known
+        declared = self.index.find_method(typed.cls, method)
+        out: list[tuple[ClassSource, bool, tuple[ClassSource, FunctionNode]]] = []
+        seen: set[int] = set()
+        for klass in self.typer.reached(typed):
+            runs = self.index.find_method(klass, method)
+            if runs is None:
+                continue
+            inherits = (
+                typed.exact
+                or klass is typed.cls
+                or (declared is not None and runs[1] is declared[1])
+            )
+            if id(runs[1]) in seen and inherits:
+                continue
+            seen.add(id(runs[1]))
+            out.append((klass, inherits, runs))
+        self.implemented[key] = out
+        return out
 
     def _constructed(self, site: _Site) -> list[Typed]:
         """The classes a constructor call can build (``super().__init__`` excluded above)."""
@@ -1202,8 +1260,23 @@ def _refuses(hit: _Hit) -> bool:
     """The implementation only raises, and the call is not inside a ``try`` catching that:
     the call fails whatever it passes, so its arguments are no drift."""
     node = hit.owner.methods.get(hit.site.method)
-    refusal = raises_only(node) if node is not None else None
+    refusal = _refusal(node) if node is not None else None
     return refusal is not None and not (refusal in hit.site.caught or hit.site.caught & _BROAD)
+
+
+_REFUSALS: dict[int, tuple[FunctionNode, str | None]] = {}
+
+
+def _refusal(node: FunctionNode) -> str | None:
+    """``raises_only`` of a ``def``, read once per node (the node is kept with its answer, so
+    an id is never reused for another node while the entry lives)."""
+    known = _REFUSALS.get(id(node))
+    if known is None or known[0] is not node:
+        known = (node, raises_only(node))
+        if len(_REFUSALS) > 100_000:
+            _REFUSALS.clear()
+        _REFUSALS[id(node)] = known
+    return known[1]
 
 
 def _def_line(hit: _Hit) -> int:

@@ -180,10 +180,19 @@ class Typer:
         default_factory=dict
     )
     _guard_cache: dict[int, list[ast.stmt]] = field(default_factory=dict)
+    _descendants: dict[int, list[ClassSource]] = field(default_factory=dict)
 
     # -- classes -------------------------------------------------------------------------------
     def descendants(self, cls: ClassSource) -> list[ClassSource]:
         """``cls``, every class read that has it in its MRO, and what replaces either."""
+        known = self._descendants.get(id(cls))
+        if known is not None:
+            return known
+        found = self._descendants_of(cls)
+        self._descendants[id(cls)] = found
+        return found
+
+    def _descendants_of(self, cls: ClassSource) -> list[ClassSource]:
         if self._children is None:
             children: dict[int, list[ClassSource]] = {}
             for klass in self.classes:
