@@ -169,3 +169,47 @@ def test_kvcached_0_1_5_on_sglang_0_5_15_loses_the_allocator_kernels():
 @pytest.mark.parametrize("sglang", ["0.5.15", "0.5.23"])
 def test_kvcached_0_1_6_reports_no_error_on_the_releases_it_supports(sglang):
     assert not [f for f in _plugin_run("0.1.6", sglang) if f.is_error]
+
+
+def test_kvcached_constructor_drift_of_pr_444_is_caught_against_the_engine_class(tmp_path, capsys):
+    """kvcached PR #444: sglang 0.5.14/0.5.15 added keywords to ``MambaPool.__init__`` that
+    kvcached's ``ElasticMambaPool`` (a class inside a patch method) lacked. No release had the
+    bug, so the fix is taken back out of 0.1.6 here; the released 0.1.6 passes."""
+    from kvcache_core import cli
+
+    released = _fetch("kvcached", "0.1.6") / "integration" / "sglang"
+    engine = _fetch("sglang", "0.5.15") / "srt" / "mem_cache" / "memory_pool.py"
+    plugin = tmp_path / "sglang"
+    shutil.copytree(released, plugin)
+    patches = plugin / "patches.py"
+    text = patches.read_text(encoding="utf-8")
+    start = text.index("class ElasticMambaPool")
+    added = (
+        "speculative_eagle_topk: Optional[int] = None,",
+        "enable_linear_replayssm: bool = False,",
+        "linear_replayssm_cache_len: int = 16,",
+        "envelope_layout: bool = False,",
+    )
+    for line in added:
+        at = text.index(f"                    {line}\n", start)
+        text = text[:at] + text[at + len(line) + 21 :]
+    patches.write_text(text, encoding="utf-8")
+
+    def errors(target: Path) -> set[tuple[str, str, str]]:
+        argv = ["check", str(target), "--level", "source", "--format", "json"]
+        cli.main([*argv, "--against", f"{engine}:MambaPool"])
+        doc = json.loads(capsys.readouterr().out)
+        return {
+            (r["target"].rsplit(".", 1)[-1], f["method"], f["parameter"])
+            for r in doc["results"]
+            for f in r["findings"]
+            if f["severity"] == "error"
+        }
+
+    assert errors(plugin) == {
+        ("ElasticMambaPool", "__init__", "speculative_eagle_topk"),
+        ("ElasticMambaPool", "__init__", "enable_linear_replayssm"),
+        ("ElasticMambaPool", "__init__", "linear_replayssm_cache_len"),
+        ("ElasticMambaPool", "__init__", "envelope_layout"),
+    }
+    assert errors(released) == set()
