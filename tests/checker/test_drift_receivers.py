@@ -52,7 +52,11 @@ def test_without_a_call_the_narrowing_is_a_warning_and_against_a_stub_nothing(tm
     assert _keys(_run(tmp_path, BASE + NARROW)) == {
         ("missing-parameter", "Narrow", "mamba_indices", "warning")
     }
-    stub = "class Pool:\n    def get_cpu_copy(self, indices, mamba_indices=None):\n        raise NotImplementedError\n"
+    stub = (
+        "class Pool:\n"
+        "    def get_cpu_copy(self, indices, mamba_indices=None):\n"
+        "        raise NotImplementedError\n"
+    )
     assert _run(tmp_path, stub + NARROW) == []
 
 
@@ -70,7 +74,13 @@ def test_an_unrelated_class_with_the_same_method_name_is_not_a_receiver(tmp_path
 def test_standard_library_and_module_receivers_are_never_matched(tmp_path):
     text = (
         "import asyncio\nimport queue\n\n\nclass Waiter:\n"
-        "    def get(self, block):\n        return block\n\n    def wait(self, n):\n        return n\n\n\n"
+        "    def get(self, block):\n"
+        "        return block\n"
+        "\n"
+        "    def wait(self, n):\n"
+        "        return n\n"
+        "\n"
+        "\n"
         "def use(q: queue.Queue, aws):\n    q.get(timeout=1)\n    asyncio.wait(aws, timeout=2)\n"
     )
     assert _run(tmp_path, text, methods=["get", "wait"]) == []
@@ -95,7 +105,12 @@ def test_self_attribute_typed_in_init_and_isinstance_narrowing(tmp_path):
         BASE
         + NARROW
         + (
-            "\n\nclass Allocator:\n    def __init__(self, kvcache: Pool):\n        self._kvcache = kvcache\n\n"
+            "\n"
+            "\n"
+            "class Allocator:\n"
+            "    def __init__(self, kvcache: Pool):\n"
+            "        self._kvcache = kvcache\n"
+            "\n"
             "    def get_cpu_copy(self, indices, mamba_indices=None):\n"
             "        return self._kvcache.get_cpu_copy(indices, mamba_indices=mamba_indices)\n"
         )
@@ -118,8 +133,14 @@ def test_self_attribute_typed_in_init_and_isinstance_narrowing(tmp_path):
 
 def test_a_subclass_that_overrides_the_calling_method_never_runs_the_self_call(tmp_path):
     text = (
-        "class Pool:\n    def set_kv_buffer(self, layer, loc, layer_id_override=None):\n        return loc\n\n"
-        "    def prefix(self, layer, loc):\n        return self.set_kv_buffer(layer, loc, layer_id_override=1)\n\n\n"
+        "class Pool:\n"
+        "    def set_kv_buffer(self, layer, loc, layer_id_override=None):\n"
+        "        return loc\n"
+        "\n"
+        "    def prefix(self, layer, loc):\n"
+        "        return self.set_kv_buffer(layer, loc, layer_id_override=1)\n"
+        "\n"
+        "\n"
         "class Own(Pool):\n    def set_kv_buffer(self, layer, loc):\n        return loc\n\n"
         "    def prefix(self, layer, loc):\n        return self.set_kv_buffer(layer, loc)\n\n\n"
         "class Inherits(Pool):\n    def set_kv_buffer(self, layer, loc):\n        return loc\n"
@@ -132,14 +153,30 @@ def test_a_subclass_that_overrides_the_calling_method_never_runs_the_self_call(t
 
 
 def test_a_refusal_is_no_drift_unless_a_caller_catches_it(tmp_path):
-    refuses = "\n\nclass NoOp(Pool):\n    def get_cpu_copy(self, *args, **kwargs):\n        raise RuntimeError('never offloads')\n"
+    refuses = (
+        "\n"
+        "\n"
+        "class NoOp(Pool):\n"
+        "    def get_cpu_copy(self, *args, **kwargs):\n"
+        "        raise RuntimeError('never offloads')\n"
+    )
     caller = (
         "\n\ndef retract(pool: Pool, i, m):\n    return pool.get_cpu_copy(i, mamba_indices=m)\n"
     )
     assert _run(tmp_path, BASE + refuses + caller) == []
-    narrow_refusal = "\n\nclass Refuses(Pool):\n    def get_cpu_copy(self, indices):\n        raise RuntimeError('no')\n"
+    narrow_refusal = (
+        "\n"
+        "\n"
+        "class Refuses(Pool):\n"
+        "    def get_cpu_copy(self, indices):\n"
+        "        raise RuntimeError('no')\n"
+    )
     catching = (
-        "\n\ndef retract(pool: Pool, i, m):\n    try:\n        return pool.get_cpu_copy(i, mamba_indices=m)\n"
+        "\n"
+        "\n"
+        "def retract(pool: Pool, i, m):\n"
+        "    try:\n"
+        "        return pool.get_cpu_copy(i, mamba_indices=m)\n"
         "    except RuntimeError:\n        return None\n"
     )
     assert _keys(_run(tmp_path, BASE + narrow_refusal + catching)) == {
@@ -151,9 +188,21 @@ def test_kwargs_forwarded_unchanged_is_pass_through_and_kwargs_swallowed_is_not(
     caller = (
         "\n\ndef retract(pool: Pool, i, m):\n    return pool.get_cpu_copy(i, mamba_indices=m)\n"
     )
-    through = "\n\nclass Through(Pool):\n    def get_cpu_copy(self, indices, **kwargs):\n        return super().get_cpu_copy(indices, **kwargs)\n"
+    through = (
+        "\n"
+        "\n"
+        "class Through(Pool):\n"
+        "    def get_cpu_copy(self, indices, **kwargs):\n"
+        "        return super().get_cpu_copy(indices, **kwargs)\n"
+    )
     assert _run(tmp_path, BASE + through + caller) == []
-    swallows = "\n\nclass Swallows(Pool):\n    def get_cpu_copy(self, indices, **kwargs):\n        return super().get_cpu_copy(indices)\n"
+    swallows = (
+        "\n"
+        "\n"
+        "class Swallows(Pool):\n"
+        "    def get_cpu_copy(self, indices, **kwargs):\n"
+        "        return super().get_cpu_copy(indices)\n"
+    )
     assert ("kwargs-hides-parameter", "Swallows", "mamba_indices", "error") in _keys(
         _run(tmp_path, BASE + swallows + caller)
     )
@@ -164,7 +213,10 @@ def test_an_override_that_drops_what_the_ancestor_reads_and_a_misrouted_kwargs(t
         "\n\ndef retract(pool: Pool, i, m):\n    return pool.get_cpu_copy(i, mamba_indices=m)\n"
     )
     drops = (
-        "\n\nclass Drops(Pool):\n    def get_cpu_copy(self, indices, mamba_indices=None, **kwargs):\n"
+        "\n"
+        "\n"
+        "class Drops(Pool):\n"
+        "    def get_cpu_copy(self, indices, mamba_indices=None, **kwargs):\n"
         "        return super().get_cpu_copy(indices, mamba_indices=kwargs.get('mamba_indices'))\n"
     )
     found = [
@@ -198,7 +250,10 @@ def test_a_class_in_a_patch_method_with_a_getattr_base_and_a_rebinding(tmp_path)
     (plugin / "patch.py").write_text(
         "import types\n\n\nclass Patch:\n    target_module = 'engine.pools'\n\n"
         "    def apply(self, mod: types.ModuleType):\n        Base = getattr(mod, 'Pool')\n\n"
-        "        class Elastic(Base):\n            def get_cpu_copy(self, indices):\n                return indices\n\n"
+        "        class Elastic(Base):\n"
+        "            def get_cpu_copy(self, indices):\n"
+        "                return indices\n"
+        "\n"
         "        mod.Pool = Elastic\n        return getattr(mod, 'gone_helper')\n",
         encoding="utf-8",
     )
