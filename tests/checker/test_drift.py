@@ -32,8 +32,8 @@ def test_override_finding_names_the_ancestor_and_both_signatures():
 
 def test_one_finding_per_drift_with_the_calls_that_break_as_related_locations():
     results = analyze([str(TREE)])
-    (f,) = [f for r in results for f in r.findings]
-    assert (f.rule, f.severity.value) == ("missing-parameter", "error")
+    (f,) = [f for r in results for f in r.findings if f.rule == "missing-parameter"]
+    assert f.severity.value == "error"
     lines = sorted((Path(r.location.path).name, r.location.line) for r in f.related)
     assert lines == [("callers.py", 11), ("callers.py", 22)]
     first = min(f.related, key=lambda r: r.location.line)
@@ -51,7 +51,12 @@ def test_root_limits_the_hierarchy():
     assert {r.target for r in results if r.check == "drift:overrides"} == {
         "drift_corpus.drift_tree.impls.TreeGoodPool"
     }
-    assert not [f for r in results for f in r.findings]
+    # TreeNarrowPool is out of scope; the one call no implementation takes still is wrong on a
+    # TreeGoodPool (a subclass of the declared TreeBasePool, hence a warning)
+    found = [f for r in results for f in r.findings]
+    assert [(f.rule, f.parameter, str(f.severity)) for f in found] == [
+        ("unaccepted-keyword", "stream", "warning")
+    ]
 
 
 def test_root_must_exist():
@@ -82,7 +87,9 @@ def test_large_generated_module(tmp_path):
 def test_cli_drift(run_cli, tmp_path):
     run = run_cli("drift", str(TREE))
     assert run.code == 1
-    assert len(run.findings("missing-parameter")) == 1 and not run.findings("unaccepted-keyword")
+    assert len(run.findings("missing-parameter")) == 1
+    (call,) = run.findings("unaccepted-keyword")
+    assert call.target.endswith("callers.flush")  # type: ignore[attr-defined]
     run = run_cli("drift", str(TREE), "--methods", "load_cpu_copy")
     assert run.code == 0
     run = run_cli("drift", str(tmp_path / "nothing"))

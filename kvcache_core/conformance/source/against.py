@@ -73,10 +73,10 @@ def _replacements(
     index: SourceIndex, modules: Sequence[object], engine: ClassSource
 ) -> dict[int, str]:
     """Classes installed in the engine class's place, with where (``mod.Base = X``)."""
-    from .drift import _rebindings
+    from .drift import rebindings
 
     out: dict[int, str] = {}
-    for replaced, replacement, where in _rebindings(index, modules):  # type: ignore[arg-type]
+    for replaced, replacement, where in rebindings(index, modules):  # type: ignore[arg-type]
         if replaced is engine:
             out[id(replacement)] = where
     return out

@@ -1333,7 +1333,7 @@ _REBIND = re.compile(
 )
 
 
-def _rebindings(
+def rebindings(
     index: SourceIndex, modules: Sequence[ModuleSource]
 ) -> list[tuple[ClassSource, ClassSource, str]]:
     """``(replaced, replacement, where)`` for every ``engine_mod.Name = Replacement`` (or
@@ -1655,7 +1655,7 @@ def run_drift(
     else:
         wanted = DEFAULT_METHODS
     scope = _scope(index, classes, roots)
-    rebinds = _rebindings(index, _plugin_modules(modules, paths))
+    rebinds = rebindings(index, _plugin_modules(modules, paths))
     replaces: dict[int, tuple[ClassSource, str]] = {}
     typer = Typer(index, classes)
     for replaced, replacement, where in rebinds:

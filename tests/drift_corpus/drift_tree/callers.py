@@ -22,3 +22,8 @@ class Scheduler:
         return self.pool.get_cpu_copy(  # a related location of TreeNarrowPool's finding
             slots, mamba_indices=state
         )
+
+
+def flush(pool: TreeBasePool, slots: torch.Tensor) -> object:
+    # no implementation a TreeBasePool can be takes `stream=`: the call itself is wrong
+    return pool.get_cpu_copy(slots, stream=None)  # expect[drift]: unaccepted-keyword flush.get_cpu_copy
