@@ -171,6 +171,30 @@ def test_kvcached_0_1_6_reports_no_error_on_the_releases_it_supports(sglang):
     assert not [f for f in _plugin_run("0.1.6", sglang) if f.is_error]
 
 
+def test_root_follows_every_method_of_the_plugin_classes_without_guessing_a_method_set():
+    """``--root 'Elastic*'``: every method of kvcached's classes (defined in patch methods,
+    installed over sglang's by ``alloc_mod.PagedTokenToKVPoolAllocator = ...``), constructors
+    included. On 0.5.15 the paged allocator's ``alloc_extend`` lacks the ``num_new_pages=`` that
+    sglang's allocators pass (the other half of PR #411), the calls that break attached; the
+    fixed 0.1.6 reports no error."""
+    plugin = _fetch("kvcached", "0.1.5") / "integration" / "sglang"
+    engine = _fetch("sglang", "0.5.15") / "srt" / "mem_cache"
+    found = _findings(analyze([str(plugin), str(engine)], root="Elastic*"))
+    errors = {(f.rule, f.target.rsplit(".", 1)[-1], f.parameter) for f in found if f.is_error}
+    assert errors == {
+        ("missing-parameter", "ElasticPagedTokenToKVPoolAllocator", "num_new_pages"),
+        ("missing-engine-name", "patches", "alloc_extend_kernel"),
+        ("missing-engine-name", "patches", "alloc_decode_kernel"),
+    }
+    (paged,) = [f for f in found if f.parameter == "num_new_pages"]
+    assert "replaces" in paged.message  # held to the class it is installed over
+    assert {Path(r.location.path).name for r in paged.related} >= {"swa.py", "hisparse.py"}
+    fixed = _fetch("kvcached", "0.1.6") / "integration" / "sglang"
+    assert not [
+        f for f in _findings(analyze([str(fixed), str(engine)], root="Elastic*")) if f.is_error
+    ]
+
+
 def test_kvcached_constructor_drift_of_pr_444_is_caught_against_the_engine_class(tmp_path, capsys):
     """kvcached PR #444: sglang 0.5.14/0.5.15 added keywords to ``MambaPool.__init__`` that
     kvcached's ``ElasticMambaPool`` (a class inside a patch method) lacked. No release had the

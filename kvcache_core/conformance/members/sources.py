@@ -221,7 +221,11 @@ class LocalScope:
     @cached_property
     def classes(self) -> dict[str, ClassSource]:
         """Classes defined directly in this body."""
-        return {c.name: c for c in self.module.nested_classes if c.scope is self}
+        return {
+            c.name: c
+            for c in self.module.nested_classes
+            if c.scope is not None and c.scope.node is self.node
+        }
 
     def lookup(self, name: str) -> ast.expr | ImportRef | ClassSource | None:
         """What ``name`` is bound to in this function or an enclosing one (None: not local)."""

@@ -996,8 +996,10 @@ def _evidence(
             ok = named or (counted and hit.passes(param, base) and not by_keyword)
         elif rule == "renamed-parameter":
             ok = named and by_keyword
-        elif rule in ("kwargs-hides-parameter", "parameter-order-changed"):
+        elif rule == "kwargs-hides-parameter":
             ok = hit.passes(param, base)
+        elif rule == "parameter-order-changed":
+            ok = hit.passes(param, base) and not by_keyword  # only a positional caller mixes up
         elif rule in ("became-required", "extra-required-parameter"):
             ok = named
         elif rule == "default-changed":
@@ -1136,13 +1138,15 @@ def _contract_for(
     run: _Run, cls: ClassSource, name: str, replaces: dict[int, tuple[ClassSource, str]]
 ) -> _Contract | None:
     ancestor = _nearest_definer(run.index, cls, name)
-    if ancestor is not None:
+    replaced = replaces.get(id(cls))
+    # What a class replaces says more than an abstract stub above it: engines call the
+    # replaced class's own signature (`PagedAllocator.alloc_extend(..., num_new_pages=)`).
+    if ancestor is not None and (replaced is None or not is_stub(ancestor.methods[name])):
         return _Contract(
             ancestor,
             ancestor.methods[name],
             f"{cls.name} overrides {ancestor.qualname}, whose signature is the contract here",
         )
-    replaced = replaces.get(id(cls))
     if replaced is not None:
         original, where = replaced
         found = run.index.find_method(original, name)
@@ -1234,7 +1238,10 @@ def _call_level_findings(run: _Run, sites: Sequence[_Site]) -> dict[str, list[Fi
                     for b in h.breaks
                 )
             ]
-            if refusing and len(refusing) == len(hits):
+            explained = all(
+                (id(h.owner.methods.get(site.method)), kw.arg) in run.explained for h in refusing
+            )
+            if refusing and len(refusing) == len(hits) and not explained:
                 run.call_level.add((id(site.call), kw.arg))
                 names = ", ".join(sorted({f"{h.owner.name}.{site.method}" for h in hits}))
                 first = refusing[0]
@@ -1333,21 +1340,23 @@ _REBIND = re.compile(
 )
 
 
-def rebindings(
+def _attribute_sets(
     index: SourceIndex, modules: Sequence[ModuleSource]
-) -> list[tuple[ClassSource, ClassSource, str]]:
-    """``(replaced, replacement, where)`` for every ``engine_mod.Name = Replacement`` (or
-    ``setattr(engine_mod, "Name", Replacement)``) whose both sides resolve to classes read."""
-    out: list[tuple[ClassSource, ClassSource, str]] = []
+) -> Iterator[tuple[ModuleSource, ast.stmt, LocalScope | None, str, str, ast.expr]]:
+    """``(module, statement, scope, engine module, name, value)`` of every
+    ``engine_mod.Name = value`` and ``setattr(engine_mod, "Name", value)`` whose owner is a
+    module read (a plugin installing its classes in an engine's namespace)."""
     for module in modules:
         if "setattr(" not in module.source and not _REBIND.search(module.source):
             continue
         for stmt, scope, _, _ in _statements_with_scope(module):
-            pairs: list[tuple[ast.expr, str, ast.expr]] = []
+            owner: ast.expr | None = None
+            name: str | None = None
+            value: ast.expr | None = None
             if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
                 target = stmt.targets[0]
                 if isinstance(target, ast.Attribute):
-                    pairs.append((target.value, target.attr, stmt.value))
+                    owner, name, value = target.value, target.attr, stmt.value
             elif (
                 isinstance(stmt, ast.Expr)
                 and isinstance(stmt.value, ast.Call)
@@ -1357,25 +1366,75 @@ def rebindings(
                 and isinstance(stmt.value.args[1], ast.Constant)
                 and isinstance(stmt.value.args[1].value, str)
             ):
-                args = stmt.value.args
-                name = args[1]
-                assert isinstance(name, ast.Constant)
-                pairs.append((args[0], str(name.value), args[2]))
-            for owner, attr, value in pairs:
-                engine = index.module_of(module, owner, scope)
-                if engine is None:
-                    continue
-                replaced = index.resolve_attr(engine, attr)
-                replacement = index.resolve_expr(module, value, scope=scope)
-                if (
-                    isinstance(replaced, ClassSource)
-                    and isinstance(replacement, ClassSource)
-                    and replaced is not replacement
-                ):
-                    text = ast.unparse(stmt).splitlines()[0]
-                    where = f"`{text}` at {os.path.basename(module.path)}:{stmt.lineno}"
-                    out.append((replaced, replacement, where))
+                owner, name, value = (
+                    stmt.value.args[0],
+                    stmt.value.args[1].value,
+                    stmt.value.args[2],
+                )
+            if owner is None or name is None or value is None:
+                continue
+            engine = index.module_of(module, owner, scope)
+            found = index.module(engine) if engine is not None else None
+            if found is not None:
+                yield module, stmt, scope, found.name, name, value
+
+
+def rebindings(
+    index: SourceIndex, modules: Sequence[ModuleSource]
+) -> list[tuple[ClassSource, ClassSource, str]]:
+    """``(replaced, replacement, where)`` for every ``engine_mod.Name = Replacement`` (or
+    ``setattr(engine_mod, "Name", Replacement)``) whose both sides resolve to classes read. A
+    replacement read back from the engine module (``X = getattr(mod, "ElasticX")`` after
+    ``setattr(mod, "ElasticX", ElasticX)``) is the class the plugin installed there."""
+    sets = list(_attribute_sets(index, modules))
+    installed: dict[tuple[str, str], ClassSource] = {}
+    for module, _, scope, engine, name, value in sets:
+        cls = index.resolve_expr(module, value, scope=scope)
+        if isinstance(cls, ClassSource):
+            installed[(engine, name)] = cls
+    out: list[tuple[ClassSource, ClassSource, str]] = []
+    for module, stmt, scope, engine, name, value in sets:
+        replaced = index.resolve_attr(engine, name)
+        replacement = index.resolve_expr(module, value, scope=scope)
+        if not isinstance(replacement, ClassSource):
+            replacement = _read_back(index, module, scope, value, installed)
+        if (
+            isinstance(replaced, ClassSource)
+            and isinstance(replacement, ClassSource)
+            and replaced is not replacement
+        ):
+            text = ast.unparse(stmt).splitlines()[0]
+            where = f"`{text}` at {os.path.basename(module.path)}:{stmt.lineno}"
+            out.append((replaced, replacement, where))
     return out
+
+
+def _read_back(
+    index: SourceIndex,
+    module: ModuleSource,
+    scope: LocalScope | None,
+    value: ast.expr,
+    installed: dict[tuple[str, str], ClassSource],
+) -> ClassSource | None:
+    """The class a plugin installed that ``value`` reads back (``getattr(mod, "X")``, or a
+    local bound to it)."""
+    if isinstance(value, ast.Name) and scope is not None:
+        bound = scope.lookup(value.id)
+        if isinstance(bound, ast.expr):
+            value = bound
+    if (
+        isinstance(value, ast.Call)
+        and isinstance(value.func, ast.Name)
+        and value.func.id == "getattr"
+        and len(value.args) >= 2
+        and isinstance(value.args[1], ast.Constant)
+        and isinstance(value.args[1].value, str)
+    ):
+        engine = index.module_of(module, value.args[0], scope)
+        found = index.module(engine) if engine is not None else None
+        if found is not None:
+            return installed.get((found.name, value.args[1].value))
+    return None
 
 
 def _plugin_modules(modules: Sequence[ModuleSource], given: Sequence[str]) -> list[ModuleSource]:
@@ -1392,34 +1451,7 @@ def _plugin_modules(modules: Sequence[ModuleSource], given: Sequence[str]) -> li
 def _installed_names(index: SourceIndex, modules: Sequence[ModuleSource]) -> set[tuple[str, str]]:
     """``(module, name)`` a plugin sets on an engine module itself (``setattr(mod, "X", ...)``,
     ``mod.X = ...``): reading it back later is no missing name."""
-    out: set[tuple[str, str]] = set()
-    for module in modules:
-        if "setattr(" not in module.source and not _REBIND.search(module.source):
-            continue
-        for stmt, scope, _, _ in _statements_with_scope(module):
-            owner: ast.expr | None = None
-            name: str | None = None
-            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
-                target = stmt.targets[0]
-                if isinstance(target, ast.Attribute):
-                    owner, name = target.value, target.attr
-            elif (
-                isinstance(stmt, ast.Expr)
-                and isinstance(stmt.value, ast.Call)
-                and isinstance(stmt.value.func, ast.Name)
-                and stmt.value.func.id == "setattr"
-                and len(stmt.value.args) == 3
-                and isinstance(stmt.value.args[1], ast.Constant)
-                and isinstance(stmt.value.args[1].value, str)
-            ):
-                owner, name = stmt.value.args[0], stmt.value.args[1].value
-            if owner is None or name is None:
-                continue
-            engine = index.module_of(module, owner, scope)
-            target_module = index.module(engine) if engine is not None else None
-            if target_module is not None:
-                out.add((target_module.name, name))
-    return out
+    return {(engine, name) for _, _, _, engine, name, _ in _attribute_sets(index, modules)}
 
 
 def _engine_name_findings(
@@ -1681,19 +1713,23 @@ def run_drift(
             node = hit.owner.methods.get(site.method)
             if node is not None:
                 run.hits.setdefault(id(node), []).append(hit)
-    by_caller = _call_level_findings(run, sites)
+    compared: dict[int, list[Finding]] = {}
+    for cls in scope:
+        for name in [m for m in wanted if m in cls.methods]:
+            if _unresolved_before_definer(index, cls, name):
+                continue  # unresolved-base: comparing with a farther class could mislead
+            contract = _contract_for(run, cls, name, replaces)
+            if contract is not None:
+                compared.setdefault(id(cls), []).extend(
+                    _override_findings(run, cls, name, contract)
+                )
+    by_caller = _call_level_findings(run, sites)  # after overrides: what they explain is theirs
     for cls in scope:
         started = time.perf_counter()
         overrides = [m for m in wanted if m in cls.methods]
         if not overrides:
             continue
-        findings: list[Finding] = []
-        for name in overrides:
-            if _unresolved_before_definer(index, cls, name):
-                continue  # unresolved-base: comparing with a farther class could mislead
-            contract = _contract_for(run, cls, name, replaces)
-            if contract is not None:
-                findings += _override_findings(run, cls, name, contract)
+        findings: list[Finding] = list(compared.get(id(cls), []))
         for name in overrides:
             if not cls.is_protocol:
                 findings += _unaccepted_findings(run, cls, name)
