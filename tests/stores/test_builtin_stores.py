@@ -101,7 +101,7 @@ def test_directory_readers_never_see_a_partial_file(tmp_path: Path) -> None:
     store.put("req-1", b"old" * 1000)
     (tmp_path / ".tmp-999-dead").write_bytes(b"KVST\x01\x00\x00\x00" + b"\x00" * 8 + b"half")
     assert store.get("req-1") == b"old" * 1000
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".tmp-999-dead", "k-req-1"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", ".tmp-999-dead", "k-req-1"]
 
 
 def test_directory_store_refuses_a_file_it_did_not_write(tmp_path: Path) -> None:
