@@ -42,7 +42,14 @@ from typing import Any
 
 from kvcache_core import StoreError, StoreSpec, StoreUnavailableError, hookimpl
 
-from .redis_store import RedisStore, import_redis, one_quick_retry, parse_redis_url
+from .redis_store import (
+    RedisStore,
+    call_deadline,
+    connection_classes,
+    import_redis,
+    one_quick_retry,
+    parse_redis_url,
+)
 
 __all__ = ["RedisClusterStore", "kvcache_store_specs", "open_redis_cluster"]
 
@@ -140,18 +147,22 @@ def open_redis_cluster(url: str) -> RedisClusterStore:
     from redis.cluster import RedisCluster
 
     where = target.where
+    plain, tls = connection_classes(redis)
     try:
-        client = RedisCluster(
-            host=target.host,
-            port=target.port,
-            username=target.username,
-            password=target.password,
-            ssl=target.tls,
-            socket_timeout=target.timeout,
-            socket_connect_timeout=target.connect_timeout,
-            retry=one_quick_retry(redis),
-            dynamic_startup_nodes=False,
-        )
+        # The seed as a URL (always redis://: TLS is the connection class's business) so that
+        # RedisCluster builds every node's pool from these arguments, connection class included.
+        with call_deadline(target.connect_timeout + target.timeout):
+            client = RedisCluster(
+                url=f"redis://{target.host}:{target.port}/0",
+                connection_class=tls if target.tls else plain,
+                username=target.username,
+                password=target.password,
+                socket_timeout=target.timeout,
+                socket_connect_timeout=target.connect_timeout,
+                retry=one_quick_retry(redis),
+                dynamic_startup_nodes=False,
+                protocol=2,
+            )
     except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
         message = f"{type(exc).__name__}: {exc}"
         if "not enabled" in str(exc):
@@ -159,7 +170,14 @@ def open_redis_cluster(url: str) -> RedisClusterStore:
                 f"{where} is not in cluster mode ({message}): open a standalone server as "
                 "redis://HOST:PORT/DB (rediss:// for TLS)"
             ) from None
-        if isinstance(exc, (redis.exceptions.AuthenticationError, redis.exceptions.ResponseError)):
+        if isinstance(exc, redis.exceptions.AuthenticationError) or message.startswith(
+            ("ResponseError: NOAUTH", "ResponseError: WRONGPASS")
+        ):
+            raise StoreError(
+                f"{where}: authentication failed (opening the cluster): {message}; check the "
+                "password in the environment variable the URL names"
+            ) from None
+        if isinstance(exc, redis.exceptions.ResponseError):
             raise StoreError(f"{where} refused the connection: {message}") from None
         raise StoreUnavailableError(
             f"{where} did not give a complete slot map (timeout "

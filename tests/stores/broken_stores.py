@@ -48,8 +48,8 @@ class TakesAnything(MemoryStore):
 
 
 class EmptyForMissing(MemoryStore):
-    def get(self, key: str) -> bytes | None:
-        value = super().get(key)
+    def get(self, key: str, *, max_bytes: int | None = None) -> bytes | None:
+        value = super().get(key, max_bytes=max_bytes)
         return b"" if value is None else value
 
 
@@ -68,9 +68,9 @@ class SortsBatches(MemoryStore):
 class HidesOutages(RedisStore):
     """Answers None when the server is gone: a request would be lost, not reported."""
 
-    def get(self, key: str) -> bytes | None:
+    def get(self, key: str, *, max_bytes: int | None = None) -> bytes | None:
         try:
-            return super().get(key)
+            return super().get(key, max_bytes=max_bytes)
         except StoreUnavailableError:
             return None
 

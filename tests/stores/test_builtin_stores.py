@@ -70,8 +70,8 @@ def test_redis_password_comes_from_the_environment_only(
     store._client.config_set("requirepass", secret)  # type: ignore[attr-defined]
     with pytest.raises(StoreError) as refused:  # no password given: refused, not hung
         open_store(redis_server.url).put("k", b"v")
-    monkeypatch.setenv("MY_REDIS_PW", secret)
-    authed = open_store(redis_server.url + "&password_env=MY_REDIS_PW")
+    monkeypatch.setenv("KVCACHE_MY_REDIS_PW", secret)
+    authed = open_store(redis_server.url + "&password_env=KVCACHE_MY_REDIS_PW")
     authed.put("k", b"v")
     assert authed.get("k") == b"v"
     assert secret not in repr(authed) and secret not in str(refused.value)
