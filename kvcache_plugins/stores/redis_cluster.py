@@ -49,6 +49,7 @@ from .redis_store import (
     import_redis,
     one_quick_retry,
     parse_redis_url,
+    values_of,
 )
 
 __all__ = ["RedisClusterStore", "kvcache_store_specs", "open_redis_cluster"]
@@ -101,14 +102,13 @@ class RedisClusterStore(RedisStore):
         if not names:
             return []
 
-        def pipeline() -> list[Any]:
+        def pipeline() -> list[bytes | None]:
             pipe = self._client.pipeline()
             for name in names:
                 pipe.get(name)
-            return list(pipe.execute())
+            return values_of(pipe.execute(), len(names))
 
-        values = self._call(f"GET of {len(names)} keys", pipeline)
-        return [None if v is None else bytes(v) for v in values]
+        return self._call(f"GET of {len(names)} keys", pipeline)
 
     def delete_many(self, keys: Sequence[str]) -> int:
         """One ``DEL`` per key, one pipeline per node; how many keys held a value."""
@@ -122,7 +122,7 @@ class RedisClusterStore(RedisStore):
                 pipe.delete(name)
             return sum(int(n) for n in pipe.execute())
 
-        return int(self._call(f"DEL of {len(names)} keys", pipeline))
+        return self._call(f"DEL of {len(names)} keys", pipeline)
 
 
 def open_redis_cluster(url: str) -> RedisClusterStore:

@@ -57,6 +57,8 @@ __all__ = [
     "one_quick_retry",
     "open_redis",
     "parse_redis_url",
+    "value_of",
+    "values_of",
 ]
 
 #: The environment variable a Redis password is read from unless ``?password_env=`` names another.
@@ -275,17 +277,17 @@ class RedisStore:
         name = self._key(key)
         limit = check_max_bytes(max_bytes)
         if limit is None:
-            value = self._call(f"GET {key!r}", lambda: self._client.get(name))
-            return None if value is None else bytes(value)
+            return self._call(f"GET {key!r}", lambda: value_of(self._client.get(name)))
         got = self._call(
             f"GET {key!r} (at most {limit} bytes)",
             lambda: self._client.eval(_BOUNDED_GET, 1, name, limit),
         )
-        if isinstance(got, int):
+        if isinstance(got, int) and not isinstance(got, bool):
             raise too_large(key, got, limit, self.where)
-        if got is not None and len(got) > limit:  # a server that ignored the script's test
-            raise too_large(key, len(got), limit, self.where)
-        return None if got is None else bytes(got)
+        value = self._call(f"GET {key!r}", lambda: value_of(got))
+        if value is not None and len(value) > limit:  # a server that ignored the script's test
+            raise too_large(key, len(value), limit, self.where)
+        return value
 
     def delete(self, key: str) -> bool:
         """``DEL``: True when the key held a value."""
@@ -294,7 +296,7 @@ class RedisStore:
     def exists(self, key: str) -> bool:
         """``EXISTS``."""
         name = self._key(key)
-        return bool(self._call(f"EXISTS {key!r}", lambda: self._client.exists(name)))
+        return self._call(f"EXISTS {key!r}", lambda: int(self._client.exists(name)) > 0)
 
     def put_many(self, items: Mapping[str, bytes], *, ttl: float | None = None) -> None:
         """Every ``SET`` in one ``MULTI``/``EXEC``: all stored or, on failure, none."""
@@ -325,19 +327,37 @@ class RedisStore:
         names = [self._key(k) for k in keys]
         if not names:
             return []
-        values = self._call(f"MGET of {len(names)} keys", lambda: self._client.mget(names))
-        return [None if v is None else bytes(v) for v in values]
+        return self._call(
+            f"MGET of {len(names)} keys", lambda: values_of(self._client.mget(names), len(names))
+        )
 
     def delete_many(self, keys: Sequence[str]) -> int:
         """One ``DEL``; how many keys held a value."""
         names = [self._key(k) for k in keys]
         if not names:
             return 0
-        return int(self._call(f"DEL of {len(names)} keys", lambda: self._client.delete(*names)))
+        return self._call(f"DEL of {len(names)} keys", lambda: int(self._client.delete(*names)))
 
     def close(self) -> None:
         """Close the connection pool."""
         self._client.close()
+
+
+def value_of(reply: object) -> bytes | None:
+    """A ``GET`` reply as the value: None, or the bytes (anything else is not a value, and
+    ``bytes(5)`` would have made five zero bytes of an integer reply)."""
+    if reply is None or isinstance(reply, bytes):
+        return reply
+    if isinstance(reply, (bytearray, memoryview)):
+        return bytes(reply)
+    raise TypeError(f"a {type(reply).__name__} reply where a value or nil belongs")
+
+
+def values_of(replies: object, count: int) -> list[bytes | None]:
+    """An ``MGET`` (or pipelined ``GET``) reply: one value or None per key, in order."""
+    if not isinstance(replies, (list, tuple)) or len(replies) != count:
+        raise TypeError(f"not a list of {count} values")
+    return [value_of(r) for r in replies]
 
 
 def _refused_credentials(exc: BaseException, redis: Any) -> bool:
