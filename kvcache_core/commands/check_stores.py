@@ -62,12 +62,14 @@ def run(args: argparse.Namespace) -> int:
     from ..stores.report import STORE_RULE, store_check_results
     from ._output import finish, load_config, usage_error
 
+    from ..stores.redact import redact_text, redact_url
+
     registry = discover_stores()
     for url in args.store:
         try:
             registry.spec_for(url)
         except StoreError as exc:
-            return usage_error("check", f"--store {url}: {exc}")
+            return usage_error("check", redact_text(f"--store {redact_url(url)}: {exc}", url))
     try:
         checks = selected_store_checks(args.select, args.deselect)
         configured = load_config(args)

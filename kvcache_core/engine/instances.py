@@ -259,7 +259,7 @@ class InstanceReport:
     """One pool across two instances: the verdict against a single ample-memory instance."""
 
     pool: str
-    status: str  # identical, differ, failed-requests, error, skipped
+    status: str  # identical, differ, failed-requests, nothing-moved, error, skipped
     reason: str | None = None
     moved: int = 0
     bytes_moved: int = 0
@@ -522,6 +522,14 @@ def _verdict(
             report.reason = f"requests {missing} never finished"
     elif report.failed_requests:
         report.status = "failed-requests"
+    elif report.moved == 0:  # the tokens agree, but nothing crossed the store: not a pass
+        report.status = "nothing-moved"
+        report.reason = (
+            f"no snapshot went through the store: all {report.kept_local} puts failed and A "
+            "resumed those requests itself"
+            if report.kept_local
+            else "no request was retracted, so none moved (lower --budget)"
+        )
     else:
         report.status = "identical"
     return report

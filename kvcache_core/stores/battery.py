@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..errors import SnapshotMismatchError, StoreError, StoreUnavailableError
 from ._workers import make_value, run_job, verify_value
 from .discovery import StoreRegistry, discover_stores
+from .redact import redact_text, redact_url
 from .snapshots import get_snapshot, put_snapshot
 from .spec import SnapshotStore, StoreSpec
 
@@ -89,7 +90,8 @@ class StoreCheckResult:
     check: str
     """The check's name, so a failure can be rerun alone."""
     url: str
-    """The store URL it ran against."""
+    """The store URL it ran against, its secrets replaced by ``***``
+    ([`redact_url`][kvcache_core.stores.redact.redact_url])."""
     status: str
     """``passed``, ``failed`` or ``skipped``."""
     message: str = ""
@@ -488,7 +490,14 @@ def run_store_check(
     began = time.perf_counter()
 
     def result(status: str, message: str = "") -> StoreCheckResult:
-        return StoreCheckResult(check, url, status, message, round(time.perf_counter() - began, 3))
+        # The URL becomes a report's target, message and hint: never with a secret in it.
+        return StoreCheckResult(
+            check,
+            redact_url(url),
+            status,
+            redact_text(message, url),
+            round(time.perf_counter() - began, 3),
+        )
 
     try:
         with _opened(url, registry) as (store, spec):
