@@ -59,10 +59,9 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import StoreError
     from ..stores import discover_stores
     from ..stores.battery import run_store_battery
+    from ..stores.redact import redact_text, redact_url
     from ..stores.report import STORE_RULE, store_check_results
     from ._output import finish, load_config, usage_error
-
-    from ..stores.redact import redact_text, redact_url
 
     registry = discover_stores()
     for url in args.store:

@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
-import socket
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -107,7 +106,7 @@ def _remaining() -> float | None:
         return None
     left = deadline - time.monotonic()
     if left <= 0:
-        raise socket.timeout("the store call's deadline passed")
+        raise TimeoutError("the store call's deadline passed")
     return left
 
 
@@ -155,7 +154,7 @@ _CLASSES: tuple[type, type] | None = None
 
 def connection_classes(redis: Any) -> tuple[type, type]:
     """redis-py's plain and TLS connection classes, with every socket read, write and connect
-    held to the current call's deadline ([`call_deadline`][kvcache_plugins.stores.redis_store.call_deadline])."""
+    held to the current call's deadline (``call_deadline``)."""
     global _CLASSES
     if _CLASSES is not None:
         return _CLASSES

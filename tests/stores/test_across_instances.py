@@ -107,9 +107,7 @@ def test_bad_snapshots_fail_their_requests_alone_and_the_run_goes_on() -> None:
         elif moved == 3:
             store.delete(key)
 
-    [report] = run_across_instances(
-        registry, ["mha"], SETTINGS, url, after_put=spoil, threads=True
-    )
+    [report] = run_across_instances(registry, ["mha"], SETTINGS, url, after_put=spoil, threads=True)
     assert report.moved >= 4, report
     assert report.status == "failed-requests", report
     assert report.differing_requests == [], report
