@@ -555,7 +555,7 @@ def _version(doc: object) -> dict[str, Any]:
             + ("(upgrade kvcache)" if doc["format"] > FORMAT_VERSION else "(rewrite the blob)")
         )
     contract = doc.get("contract")
-    if type(contract) is not int or contract > CONTRACT_VERSION:  # type: ignore[operator]
+    if not isinstance(contract, int) or type(contract) is bool or contract > CONTRACT_VERSION:
         raise _fail(
             f"taken under contract {contract!r}; this kvcache implements contract "
             f"{CONTRACT_VERSION} and reads snapshots of it and older"
@@ -734,7 +734,8 @@ def snapshot_from_bytes(
     entries, meta_doc, checksum = _table(header, len(view) - start)
     try:
         doc_bytes = meta_doc.encode()
-        table = {k: v for k, v in header.items() if k != "__metadata__"}  # type: ignore[union-attr]
+        assert isinstance(header, dict)  # _table refused anything else
+        table = {k: v for k, v in header.items() if k != "__metadata__"}
         canonical = _canonical(meta_doc, table)
     except UnicodeEncodeError:  # a JSON escape decoded to a lone surrogate: not what we wrote
         raise _fail("the header holds text that is not valid UTF-8 (a corrupted escape)") from None

@@ -159,7 +159,7 @@ def connection_classes(redis: Any) -> tuple[type, type]:
     if _CLASSES is not None:
         return _CLASSES
 
-    def connect(base: type, conn: Any) -> Any:
+    def connect(base: Any, conn: Any) -> Any:
         configured = conn.socket_connect_timeout
         left = _remaining()
         if left is not None and (configured is None or configured > left):
@@ -169,11 +169,11 @@ def connection_classes(redis: Any) -> tuple[type, type]:
         finally:
             conn.socket_connect_timeout = configured
 
-    class DeadlineConnection(redis.connection.Connection):  # type: ignore[misc, name-defined]
+    class DeadlineConnection(redis.connection.Connection):  # type: ignore[misc]
         def _connect(self) -> Any:
             return connect(redis.connection.Connection, self)
 
-    class DeadlineSSLConnection(redis.connection.SSLConnection):  # type: ignore[misc, name-defined]
+    class DeadlineSSLConnection(redis.connection.SSLConnection):  # type: ignore[misc]
         def _connect(self) -> Any:
             return connect(redis.connection.SSLConnection, self)
 
