@@ -167,10 +167,11 @@ def test_a_lone_surrogate_key_gets_one_error_on_every_store(tmp_path: Path, redi
     key = "req-\udc80"
     for url in ("memory:surrogate", f"dir:{tmp_path}", redis_url):
         store = open_store(url)
-        calls = (store.put, store.get, store.exists, store.delete)
-        for call in calls:
+        with pytest.raises(StoreError, match="character 4 of this key is a lone surrogate"):
+            store.put(key, b"v")
+        for call in (store.get, store.exists, store.delete):
             with pytest.raises(StoreError, match="character 4 of this key is a lone surrogate"):
-                call(key, b"v") if call is store.put else call(key)
+                call(key)
         with pytest.raises(StoreError, match="lone surrogate"):
             store.get_many([key])
         store.close()

@@ -129,13 +129,15 @@ def test_a_header_of_many_empty_tensors_is_refused_quickly() -> None:
     assert len(many) <= MAX_HEADER_BYTES + 8
     began = time.perf_counter()
     refused(many, f"more than (the {MAX_TENSORS}|{MAX_HEADER_ITEMS})")
-    assert time.perf_counter() - began < 2.0
+    # A few linear passes over 15 MB: about 0.3 s on a quiet 2-core machine (1 s at load 8);
+    # the bounds leave room for a shared CI machine, and the old 4-8 s fails them.
+    assert time.perf_counter() - began < 3.0
     most = blob(MAX_TENSORS)
     began = time.perf_counter()
     snap = KVSnapshot.from_bytes(most)
     took = time.perf_counter() - began
     assert len(snap.parts) == MAX_TENSORS
-    assert took < 2.0, f"{took:.2f} s for {MAX_TENSORS} empty tensors"
+    assert took < 3.0, f"{took:.2f} s for {MAX_TENSORS} empty tensors"
 
 
 def test_too_many_values_or_too_long_numbers_are_refused_before_parsing() -> None:
