@@ -71,16 +71,18 @@ bench: setup
 # set is a GPU serving stack that mem_cache does not need on CPU; interop/_stubs.py stands in
 # for what it imports), and interop/sglang_plugin registers sglang's pools as a kvcache plugin
 # for `kvcache check` (every level). Exits 0 only when every divergence and every finding is
-# in docs/engines.md's table.
+# in docs/engines.md's table. Then `kvcache drift` over sglang 0.5.10-0.5.23 and kvcached on
+# the releases it claims (interop/drift_matrix.py, against tests/data/drift_truth).
 INTEROP_VENV ?= .venv-interop
 INTEROP_BIN  := $(INTEROP_VENV)/bin
 
-interop:
+interop: setup
 	test -x $(INTEROP_BIN)/python || $(PYTHON) -m venv $(INTEROP_VENV)
 	$(INTEROP_BIN)/python -m pip install --quiet -c constraints/torch-cpu.txt -e . numpy
 	$(INTEROP_BIN)/python -m pip install --quiet --no-deps sglang==0.5.14
 	$(INTEROP_BIN)/python -m pip install --quiet --no-build-isolation -e interop/sglang_plugin
 	$(INTEROP_BIN)/python interop/differential.py
+	$(BIN)/python interop/drift_matrix.py
 
 clean:
 	rm -rf $(VENV) $(INTEROP_VENV) .mypy_cache .ruff_cache .pytest_cache site $(FUZZ_WORK)

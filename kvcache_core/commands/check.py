@@ -40,7 +40,9 @@ def register(sub: Any) -> None:
         metavar="PROTOCOL[,...]",
         help="protocols to check paths and module:Class targets against "
         "(default: inferred from the methods each class defines); for a plugin or pool "
-        "name, protocols checked on top of what its spec declares",
+        "name, protocols checked on top of what its spec declares; or an engine's class, "
+        "PATH:Class or module:Class, read from source: every class under the targets that "
+        "subclasses or replaces it is held to its methods, constructor included",
     )
     parser.add_argument(
         "--level",
@@ -97,7 +99,9 @@ def run(args: argparse.Namespace) -> int:
         # What the library checks too, here first so that the command reports the first
         # mistake in the order it always has, and names --config as the option it is.
         parse_levels(args.level)
-        parse_protocols(args.against)
+        parse_protocols(
+            [n for v in args.against or () for n in v.split(",") if n.strip() and ":" not in n]
+        )
         check_contract_version(args.contract_version)
         config = config_path(args)
         status = Progress(sys.stderr)  # a status line on a terminal only

@@ -1,8 +1,10 @@
 """``kvcache drift PATH ...``: contract-free drift inside a source tree.
 
 Finds every class overriding one of ``--methods`` with a signature that cannot accept what the
-nearest ancestor defining it accepts, and every call site passing a keyword that some
-implementer does not accept. Source only: nothing is imported. Exit codes as ``kvcache check``.
+nearest ancestor defining it accepts (or the class it replaces), with the calls in the paths
+that break on it; calls whose receiver can only be an implementation that refuses them; and
+names a plugin takes from an engine module that no longer defines them. Source only: nothing is
+imported. Exit codes as ``kvcache check``.
 """
 
 from __future__ import annotations
@@ -30,12 +32,17 @@ def register(sub: Any) -> None:
     parser.add_argument("paths", nargs="+", metavar="PATH", help=".py files or directories")
     parser.add_argument(
         "--methods",
-        default=",".join(DEFAULT_METHODS),
+        default=None,
         metavar="NAME[,...]",
-        help=f"methods to follow (default: {','.join(DEFAULT_METHODS)})",
+        help=f"methods to follow (default: {','.join(DEFAULT_METHODS)}; with --root, every "
+        "method of the root classes and the classes above them, __init__ included)",
     )
     parser.add_argument(
-        "--root", metavar="CLASS", help="only the hierarchy under CLASS (name or module.Class)"
+        "--root",
+        action="append",
+        metavar="CLASS",
+        help="only the hierarchy under CLASS (name, module.Class or a glob such as 'Elastic*'; "
+        "repeatable)",
     )
     add_output_options(parser)
     parser.set_defaults(run=run)
@@ -46,9 +53,13 @@ def run(args: argparse.Namespace) -> int:
     from ..conformance.source.drift import DRIFT_RULES, run_drift
     from ._output import finish, load_config, usage_error
 
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    methods = (
+        [m.strip() for m in args.methods.split(",") if m.strip()]
+        if args.methods is not None
+        else None
+    )
     try:
-        if not methods:
+        if methods is not None and not methods:
             raise UsageError("--methods names no method")
         configured = load_config(args)
         found = run_drift(args.paths, methods=methods, root=args.root)

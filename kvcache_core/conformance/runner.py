@@ -328,8 +328,12 @@ def check(
 
     if format not in FORMATS:
         raise UsageError(f"unknown format {format!r}; formats: {', '.join(FORMATS)}")
+    from .source.against import check_against_engine, is_engine_class
+
     chosen = parse_levels(levels)
-    protocols = parse_protocols(against)
+    requested = [n.strip() for v in against or () for n in v.split(",") if n.strip()]
+    engine_specs = [n for n in requested if is_engine_class(n)]
+    protocols = parse_protocols([n for n in requested if not is_engine_class(n)])
     version = check_contract_version(contract_version)
     if pyproject is True:
         config = find_pyproject(os.getcwd())
@@ -345,9 +349,23 @@ def check(
     selection = parse_selection(select, deselect)
     index = SourceIndex()
     read_only = bool(chosen) and not any(level_named(n).imports_targets for n in chosen)
-    found, results = resolve_targets(
+    if engine_specs:  # an engine's class as the contract: read from source, the source level's
+        if not targets:
+            raise UsageError("--against PATH:Class needs targets (paths or module:Class)")
+        results = check_against_engine(targets, engine_specs, index)
+        if protocols is None:
+            return report(
+                selection.apply(results),
+                format,
+                suppressions=configured,
+                active_rules=[r for r in active_rules(["source"]) if selection.wants({r})],
+            )
+    else:
+        results = []
+    found, resolved = resolve_targets(
         targets, against=protocols, index=index, read_plugins=read_only
     )
+    results += resolved
     if expected and "behaviour" in chosen:
         check_applicable(expected, _checked_specs(found))
     results += run_levels(

@@ -5,7 +5,8 @@ comment or calling it without keywords); a few chains of classes run across file
 in its own module and reaching its base another way (relative import, ``as`` alias, a
 module-qualified base, a package re-export, a star import), so that only the chain's first and
 last modules name the followed methods. Some chains' last override drifted; one module calls
-``get_cpu_copy`` with ``mamba_indices=``. ``kvcache drift`` must report exactly ``expected``.
+``get_cpu_copy`` with ``mamba_indices=`` on an untyped receiver (a related location of each
+drifted leaf's finding). ``kvcache drift`` must report exactly ``expected``.
 
 Shared by tests/checker/test_drift_prefilter.py and benchmarks/bench_drift.py.
 """
@@ -57,7 +58,7 @@ from .{prev} import {base}
 
 class {name}({base}):
     def get_cpu_copy(self, {params}):
-        return super().get_cpu_copy(indices)
+        return super().get_cpu_copy({forward})
 '''
 
 _CALLERS = '''"""Call sites: one passes a keyword some implementer lacks."""
@@ -131,8 +132,13 @@ def generate_tree(
         drifted = chain_no % 3 == 0
         leaf = names[depth - 1]
         params = "indices" if drifted else "indices, mamba_indices=None"
+        forward = "indices" if drifted else "indices, mamba_indices=mamba_indices"
         text = _LEAF.format(
-            prev=f"level{depth - 2}", base=names[depth - 2], name=leaf, params=params
+            prev=f"level{depth - 2}",
+            base=names[depth - 2],
+            name=leaf,
+            params=params,
+            forward=forward,
         )
         (folder / f"level{depth - 1}.py").write_text(text, encoding="utf-8")
         written += 1
@@ -140,8 +146,8 @@ def generate_tree(
             expected.add(("missing-parameter", f"{PACKAGE}.{chain}.level{depth - 1}.{leaf}"))
     (root / "callers.py").write_text(_CALLERS, encoding="utf-8")
     written += 1
-    if any(rule == "missing-parameter" for rule, _ in expected):
-        expected.add(("unaccepted-keyword", f"{PACKAGE}.callers.use"))
+    # callers.py's untyped `pool` passes mamba_indices=: it is a related location of each
+    # drifted leaf's one finding, not a finding of its own
     filler = root / "filler"
     filler.mkdir()
     (filler / "__init__.py").write_text("", encoding="utf-8")

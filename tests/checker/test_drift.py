@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from kvcache_core.conformance.results.model import Outcome
 from kvcache_core.conformance.source.drift import analyze
 
 from ._corpus import CORPUS, diff, expectations, reported
@@ -29,16 +30,20 @@ def test_override_finding_names_the_ancestor_and_both_signatures():
     assert f.contract_location.path.endswith("drift_tree/base.py")
 
 
-def test_call_site_finding_says_which_implementer_and_what_to_add():
+def test_one_finding_per_drift_with_the_calls_that_break_as_related_locations():
     results = analyze([str(TREE)])
-    calls = [f for r in results for f in r.findings if f.rule == "unaccepted-keyword"]
-    assert len(calls) == 2
-    f = calls[0]
-    assert "TreeNarrowPool.get_cpu_copy" in f.message
-    assert (
-        f.hint == "add `mamba_indices: torch.Tensor | None = None` to TreeNarrowPool.get_cpu_copy"
+    (f,) = [f for r in results for f in r.findings if f.rule == "missing-parameter"]
+    assert f.severity.value == "error"
+    lines = sorted((Path(r.location.path).name, r.location.line) for r in f.related)
+    assert lines == [("callers.py", 11), ("callers.py", 22)]
+    first = min(f.related, key=lambda r: r.location.line)
+    assert "`retract` calls `pool.get_cpu_copy(slots, mamba_indices=state)`" in first.message
+    assert "(`pool: TreeBasePool`)" in first.message
+    assert "TypeError: get_cpu_copy() got an unexpected keyword argument 'mamba_indices'" in (
+        first.message
     )
-    assert f.contract_location is not None and f.contract_location.path.endswith("impls.py")
+    assert "retract (callers.py:11) calls" in f.message  # the message names the caller too
+    assert f.hint == "add `mamba_indices: torch.Tensor | None = None`"
 
 
 def test_root_limits_the_hierarchy():
@@ -46,7 +51,12 @@ def test_root_limits_the_hierarchy():
     assert {r.target for r in results if r.check == "drift:overrides"} == {
         "drift_corpus.drift_tree.impls.TreeGoodPool"
     }
-    assert not [f for r in results for f in r.findings]
+    # TreeNarrowPool is out of scope; the one call no implementation takes still is wrong on a
+    # TreeGoodPool (a subclass of the declared TreeBasePool, hence a warning)
+    found = [f for r in results for f in r.findings]
+    assert [(f.rule, f.parameter, str(f.severity)) for f in found] == [
+        ("unaccepted-keyword", "stream", "warning")
+    ]
 
 
 def test_root_must_exist():
@@ -67,20 +77,19 @@ def test_large_generated_module(tmp_path):
     path = tmp_path / "big_pools.py"
     path.write_text(source, encoding="utf-8")
     results = analyze([str(path)])
-    over = {
-        r.target.rsplit(".", 1)[-1]
-        for r in results
-        if r.check == "drift:overrides" and r.outcome is Outcome.FAILED
-    }
-    assert over == narrowed
-    calls = [f for r in results for f in r.findings if f.rule == "unaccepted-keyword"]
-    assert len(calls) == keyword_calls
+    found = [f for r in results for f in r.findings]
+    assert {f.target.rsplit(".", 1)[-1] for f in found} == narrowed
+    # each narrowed pool: one finding, every `pool: BasePool` call passing the keyword attached
+    assert all(f.rule == "missing-parameter" and f.is_error for f in found)
+    assert {len(f.related) for f in found} == {keyword_calls}
 
 
 def test_cli_drift(run_cli, tmp_path):
     run = run_cli("drift", str(TREE))
     assert run.code == 1
-    assert len(run.findings("unaccepted-keyword")) == 2
+    assert len(run.findings("missing-parameter")) == 1
+    (call,) = run.findings("unaccepted-keyword")
+    assert call.target.endswith("callers.flush")  # type: ignore[attr-defined]
     run = run_cli("drift", str(TREE), "--methods", "load_cpu_copy")
     assert run.code == 0
     run = run_cli("drift", str(tmp_path / "nothing"))
@@ -145,31 +154,37 @@ def test_an_ambiguous_module_path_suffix_resolves_nothing(tmp_path):
 def test_every_keyword_of_a_call_is_checked_and_positional_only_takes_none(tmp_path):
     (tmp_path / "pools.py").write_text(
         "class Base:\n"
-        "    def load_cpu_copy(self, snapshot, indices, mamba_indices=None): ...\n"
+        "    def load_cpu_copy(self, snapshot, indices, mamba_indices=None):\n"
+        "        return indices\n"
         "\n"
         "\n"
         "class PosOnly(Base):\n"
-        "    def load_cpu_copy(self, snapshot, indices, /, mamba_indices=None): ...\n"
+        "    def load_cpu_copy(self, snapshot, indices, /, mamba_indices=None):\n"
+        "        return indices\n"
         "\n"
         "\n"
-        "def restore(pool, snap, slots, state):\n"
+        "def restore(pool: Base, snap, slots, state):\n"
         "    pool.load_cpu_copy(snap, indices=slots, mamba_indices=state, stream=None)\n"
         "    pool.load_cpu_copy(snapshot=snap, indices=slots)\n"
         "    pool.load_cpu_copy(snap, slots, mamba_indices=state)\n"
     )
     results = analyze([str(tmp_path / "pools.py")])
-    calls = sorted(
-        (f.impl_location.line, f.parameter, f.contract_location.line)
+    found = {
+        (f.rule, f.parameter, f.impl_location.line): sorted(r.location.line for r in f.related)
         for r in results
         for f in r.findings
-        if f.rule == "unaccepted-keyword"
-    )
-    assert calls == [
-        (10, "indices", 6),  # positional-only: `indices=` is a TypeError
-        (10, "stream", 2),  # the third keyword of the same call
-        (11, "indices", 6),
-        (11, "snapshot", 6),
-    ]
+    }
+    assert found == {
+        # positional-only: `indices=` (lines 12 and 13) and `snapshot=` (13) are TypeErrors on
+        # a PosOnly; one finding per parameter, the calls that break attached
+        ("parameter-kind-changed", "indices", 7): [12, 13],
+        ("parameter-kind-changed", "snapshot", 7): [13],
+        # the third keyword of line 12: no implementation takes it, so the call is wrong
+        ("unaccepted-keyword", "stream", 12): [],
+    }
+    assert all(f.is_error for r in results for f in r.findings)
+    (kind,) = [f for r in results for f in r.findings if f.parameter == "snapshot"]
+    assert "'snapshot'" in kind.related[0].message
 
 
 def test_files_of_one_name_in_two_namespace_folders_stay_two_modules(monkeypatch):

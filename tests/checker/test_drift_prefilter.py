@@ -86,7 +86,7 @@ def test_generated_tree_with_root_and_from_inside_a_folder(tree, monkeypatch):
     monkeypatch.chdir(tree.root)
     fast, full = _both(["chain0", "callers.py"])
     assert fast == full
-    assert {f.rule for r in fast for f in r.findings} == {"missing-parameter", "unaccepted-keyword"}
+    assert {f.rule for r in fast for f in r.findings} == {"missing-parameter"}
 
 
 def test_the_prefilter_reads_few_files_and_parses_bases_only_on_demand(tree):
@@ -161,7 +161,7 @@ def test_cli_suppressions_in_files_the_prefilter_skips_still_count(run_cli, tmp_
     _write(tmp_path / "pkg" / "__init__.py", "")
     _write(
         tmp_path / "pkg" / "base.py",
-        "class Base:\n    def get_cpu_copy(self, indices, m=None): ...\n",
+        "class Base:\n    def get_cpu_copy(self, indices, m=None):\n        return indices\n",
     )
     _write(
         tmp_path / "pkg" / "leaf.py",
@@ -189,8 +189,9 @@ def test_cli_json_is_the_same_with_and_without_the_prefilter(tmp_path, monkeypat
 
     tree = generate_tree(tmp_path, files=150, chains=3, depth=4)
     argv = ["drift", str(tree.root), "--format", "json", "--config", str(_pyproject(tmp_path))]
-    assert cli.main(argv) == 1
+    code = cli.main(argv)
     fast = json.loads(capsys.readouterr().out)
+    assert fast["summary"]["findings"] > 0
     original = drift.run_drift
 
     def unfiltered(*args: object, **kwargs: object) -> drift.DriftRun:
@@ -198,7 +199,7 @@ def test_cli_json_is_the_same_with_and_without_the_prefilter(tmp_path, monkeypat
         return original(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(drift, "run_drift", unfiltered)
-    assert cli.main(argv) == 1
+    assert cli.main(argv) == code
     full = json.loads(capsys.readouterr().out)
 
     def strip(doc: object) -> object:
@@ -217,7 +218,10 @@ def test_a_base_file_naming_no_method_is_read_under_the_name_it_was_given_as(tmp
     import spells (``sglang.srt.mem_cache.middle``), its ``..common`` would not resolve; read
     under the name it was given as (``mem_cache.middle``), it does, as in the full read."""
     srt = tmp_path / "srt"
-    _write(srt / "common.py", "class Base:\n    def get_cpu_copy(self, indices, extra=None): ...\n")
+    _write(
+        srt / "common.py",
+        "class Base:\n    def get_cpu_copy(self, indices, extra=None):\n        return indices\n",
+    )
     _write(
         srt / "mem_cache" / "middle.py",
         "from ..common import Base\n\nclass Middle(Base):\n    pass\n",

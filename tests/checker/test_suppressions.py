@@ -173,8 +173,8 @@ def test_an_inline_suppression_only_covers_its_own_file(run_cli, tmp_path):
     """``a.py:7`` suppresses a finding at ``a.py:7``, never one at ``b.py:7``."""
     (tmp_path / "a.py").write_text(
         "class Base:\n"
-        "    def get_cpu_copy(self, indices, mamba_indices=None): ...\n"
-        "\n"
+        "    def get_cpu_copy(self, indices, mamba_indices=None):\n"
+        "        return indices\n"
         "\n"
         "\n"
         "class A(Base):\n"
@@ -182,6 +182,8 @@ def test_an_inline_suppression_only_covers_its_own_file(run_cli, tmp_path):
     )
     (tmp_path / "b.py").write_text(
         "from a import Base\n\n\n\n\nclass B(Base):\n    def get_cpu_copy(self, indices): ...\n"
+        "\n\ndef retract(pool: Base) -> None:  # reaches A and B: both narrowings break it\n"
+        "    pool.get_cpu_copy([1], mamba_indices=None)\n"
     )
     (tmp_path / "pyproject.toml").write_text("")
     run = run_cli("drift", "a.py", "b.py", cwd=tmp_path)

@@ -35,6 +35,8 @@ __all__ = [
     "body_may_find",
     "contract_attributes",
     "contract_methods",
+    "dropped_how",
+    "forward_hint",
     "method_findings",
     "missing_method",
     "outcome_for",
@@ -208,20 +210,44 @@ def attribute_finding(
     )
 
 
-def _forward_hint(call: str, param: str, star: str) -> str:
+def forward_hint(call: str, param: str, star: str) -> str:
+    """The delegate call written so that it passes ``param`` on (valid code: a keyword the call
+    already passes with another value gets the parameter instead, never a second time)."""
     try:
         node = ast.parse(call, mode="eval").body
     except SyntaxError:
         return f"pass `{star}{param}` on to `{call}`"
     if not isinstance(node, ast.Call):
         return f"pass `{star}{param}` on to `{call}`"
+    value = ast.Name(param, ast.Load())
     if star == "*":
-        node.args.append(ast.Starred(ast.Name(param, ast.Load()), ast.Load()))
+        node.args.append(ast.Starred(value, ast.Load()))
     elif star == "**":
-        node.keywords.append(ast.keyword(None, ast.Name(param, ast.Load())))
+        node.keywords.append(ast.keyword(None, value))
     else:
-        node.keywords.append(ast.keyword(param, ast.Name(param, ast.Load())))
+        same = [k for k in node.keywords if k.arg == param]
+        if same:
+            same[0].value = value
+        else:
+            node.keywords.append(ast.keyword(param, value))
     return f"write `{ast.unparse(node)}`"
+
+
+def dropped_how(call: str, param: str, star: str) -> str:
+    """How the delegate call loses ``param``: without it, or with another value in its place."""
+    shown = f"{star}{param}"
+    try:
+        node = ast.parse(call, mode="eval").body
+    except SyntaxError:
+        node = None
+    if isinstance(node, ast.Call) and not star:
+        for kw in node.keywords:
+            if kw.arg == param:
+                return (
+                    f"`{call}` passes `{param}={ast.unparse(kw.value)}` instead of it, so "
+                    f"callers' `{shown}` is silently replaced"
+                )
+    return f"`{call}` is called without it, so callers' `{shown}` is silently dropped"
 
 
 #: The rules ``body_findings`` reports: read from a method's body, not from its signature.
@@ -284,11 +310,11 @@ def body_findings(
             Finding(
                 rule="parameter-not-forwarded",
                 message=f"`{contract.name}` accepts `{shown}` but never passes it on: "
-                f"`{drop.call}` is called without it, so callers' `{shown}` is silently dropped",
+                + dropped_how(drop.call, drop.param, drop.star),
                 target=target,
                 method=contract.name,
                 parameter=drop.param,
-                hint=_forward_hint(drop.call, drop.param, drop.star),
+                hint=forward_hint(drop.call, drop.param, drop.star),
                 contract_location=contract_at,
                 impl_location=at(drop.line),
             )

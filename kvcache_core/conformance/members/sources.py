@@ -21,6 +21,8 @@ from functools import cached_property
 __all__ = [
     "ClassSource",
     "ExternalBase",
+    "ImportRef",
+    "LocalScope",
     "ModuleSource",
     "SourceIndex",
     "flatten_statements",
@@ -161,15 +163,105 @@ def _self_attributes(method: FunctionNode) -> Iterator[str]:
 
 
 @dataclass(eq=False)
+class LocalScope:
+    """The names a function body binds, for what it defines inside (a class in a patch method).
+
+    Plugins often define their pool subclasses inside a function, with the base taken from the
+    engine's module at run time (``Base = getattr(mem_pool_mod, "MambaPool")``, a local
+    ``from engine.mod import Base``): those names are looked up here before the module's own.
+    ``owner`` is the class whose method this is: a patch class naming its engine module as
+    ``target_module = "engine.mod"`` makes a ``ModuleType`` parameter that module.
+    """
+
+    module: ModuleSource
+    node: FunctionNode
+    owner: ClassSource | None
+    parent: LocalScope | None
+
+    @property
+    def qualname(self) -> str:
+        head = (
+            self.parent.qualname
+            if self.parent is not None
+            else (self.owner.qualname.removeprefix(self.module.name + ".") if self.owner else "")
+        )
+        return f"{head}.{self.node.name}" if head else self.node.name
+
+    @cached_property
+    def bindings(self) -> dict[str, ast.expr | ImportRef]:
+        """Local names: assignments, imports and module parameters (first binding wins)."""
+        out: dict[str, ast.expr | ImportRef] = {}
+        target = _target_module(self.owner) if self.owner is not None else None
+        a = self.node.args
+        for arg in a.posonlyargs + a.args + a.kwonlyargs:
+            note = ast.unparse(arg.annotation) if arg.annotation is not None else ""
+            if target is not None and note.split(".")[-1] == "ModuleType":
+                out[arg.arg] = ImportRef(target)
+        for stmt in flatten_statements(self.node.body, loops=True):
+            if isinstance(stmt, ast.Import):
+                for alias in stmt.names:
+                    if alias.asname:
+                        out.setdefault(alias.asname, ImportRef(alias.name))
+                    else:
+                        top = alias.name.split(".")[0]
+                        out.setdefault(top, ImportRef(top))
+            elif isinstance(stmt, ast.ImportFrom):
+                base = self.module.absolute(stmt.module, stmt.level)
+                for alias in stmt.names:
+                    if alias.name != "*":
+                        out.setdefault(alias.asname or alias.name, ImportRef(base, alias.name))
+            elif (
+                isinstance(stmt, ast.Assign)
+                and len(stmt.targets) == 1
+                and isinstance(stmt.targets[0], ast.Name)
+            ):
+                out.setdefault(stmt.targets[0].id, stmt.value)
+        return out
+
+    @cached_property
+    def classes(self) -> dict[str, ClassSource]:
+        """Classes defined directly in this body."""
+        return {
+            c.name: c
+            for c in self.module.nested_classes
+            if c.scope is not None and c.scope.node is self.node
+        }
+
+    def lookup(self, name: str) -> ast.expr | ImportRef | ClassSource | None:
+        """What ``name`` is bound to in this function or an enclosing one (None: not local)."""
+        scope: LocalScope | None = self
+        while scope is not None:
+            if name in scope.classes:
+                return scope.classes[name]
+            if name in scope.bindings:
+                return scope.bindings[name]
+            scope = scope.parent
+        return None
+
+
+def _target_module(cls: ClassSource) -> str | None:
+    """``target_module = "engine.mod"`` in a patch class body (or a base's), if any."""
+    stmt = cls.class_assignments.get("target_module")
+    if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Constant):
+        value = stmt.value.value
+        return value if isinstance(value, str) and value else None
+    return None
+
+
+@dataclass(eq=False)
 class ClassSource:
-    """One class statement at module level, as written."""
+    """One class statement, as written: at module level, or inside a function (``scope``)."""
 
     name: str
     module: ModuleSource
     node: ast.ClassDef
+    #: The function body the class is defined in (None: at module level).
+    scope: LocalScope | None = None
 
     @property
     def qualname(self) -> str:
+        if self.scope is not None:
+            return f"{self.module.name}.{self.scope.qualname}.{self.name}"
         return f"{self.module.name}.{self.name}"
 
     @property
@@ -271,6 +363,57 @@ class ModuleSource:
     aliases: dict[str, ast.expr] = field(default_factory=dict)
     star_imports: list[str] = field(default_factory=list)
 
+    @cached_property
+    def nested_classes(self) -> list[ClassSource]:
+        """Classes defined inside functions (and methods), each with the scope it lives in."""
+        out: list[ClassSource] = []
+
+        def visit(fn: FunctionNode, owner: ClassSource | None, parent: LocalScope | None) -> None:
+            scope = LocalScope(self, fn, owner, parent)
+            for stmt in flatten_statements(fn.body, loops=True):
+                if isinstance(stmt, ast.ClassDef):
+                    cls = ClassSource(stmt.name, self, stmt, scope)
+                    out.append(cls)
+                    for inner in cls.methods.values():
+                        visit(inner, cls, scope)
+                elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    visit(stmt, owner, scope)
+
+        for stmt in flatten_statements(self.tree.body):
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                visit(stmt, None, None)
+            elif isinstance(stmt, ast.ClassDef) and stmt.name in self.classes:
+                owner = self.classes[stmt.name]
+                for method in owner.methods.values():
+                    visit(method, owner, None)
+        return out
+
+    @property
+    def all_classes(self) -> list[ClassSource]:
+        """Module-level classes, then the ones defined inside functions."""
+        return [*self.classes.values(), *self.nested_classes]
+
+    @cached_property
+    def defined_names(self) -> frozenset[str]:
+        """Every name bound at the top level (classes, functions, assignments, imports)."""
+        names: set[str] = set(self.classes) | set(self.imports) | set(self.aliases)
+        for stmt in flatten_statements(self.tree.body):
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                names.add(stmt.name)
+            elif isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+                for target in targets:
+                    names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+            elif isinstance(stmt, (ast.For, ast.AsyncFor, ast.With, ast.AsyncWith)):
+                names |= {
+                    n.id
+                    for n in ast.walk(stmt)
+                    if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+                }
+            elif isinstance(stmt, ast.Global):
+                names.update(stmt.names)
+        return frozenset(names)
+
     def absolute(self, module: str | None, level: int) -> str:
         """The absolute name of ``from <level dots><module> import ...`` in this module."""
         if level == 0:
@@ -355,6 +498,7 @@ class SourceIndex:
         #: suffix (``_by_suffix``), in the order given. Only paths are held, so that a tree of
         #: many files costs little until a file is read.
         self._given: dict[str, list[str]] = {}
+        self._given_set: set[str] = set()
         self._by_path: dict[str, ModuleSource] = {}
         #: Given files registered unread (``register_file``): their module name, and, by name,
         #: the files of that name in the order given (the last that parses wins, as with
@@ -411,7 +555,16 @@ class SourceIndex:
         same = self._given.setdefault(_reversed_parts(path)[0], [])
         if not seen or path not in same:
             same.append(path)
+        self._given_set.add(path)
         return path
+
+    def given_paths(self) -> set[str]:
+        """Every file given (registered or loaded as given), absolute."""
+        return self._given_set
+
+    def given_modules(self) -> list[ModuleSource]:
+        """The given files parsed so far."""
+        return [m for path, m in self._by_path.items() if path in self._given_set]
 
     def load_given(self, path: str, *, keep: bool = True) -> ModuleSource | None:
         """The registered file ``path``, parsed now if not yet (None, and ``given_errors``
@@ -599,10 +752,15 @@ class SourceIndex:
             return ExternalBase(f"{module_name}.{attr}", known=False)
         return found
 
-    def _module_of(self, module: ModuleSource, expr: ast.expr) -> str | None:
+    def _module_of(
+        self, module: ModuleSource, expr: ast.expr, scope: LocalScope | None = None
+    ) -> str | None:
         """The absolute module name an expression like ``pkg.sub`` denotes, if it is one."""
         if isinstance(expr, ast.Name):
-            ref = module.imports.get(expr.id)
+            local = scope.lookup(expr.id) if scope is not None else None
+            if isinstance(local, ast.expr):
+                return self._module_of(module, local, scope.parent if scope else None)
+            ref = local if isinstance(local, ImportRef) else module.imports.get(expr.id)
             if ref is None:
                 return None
             if ref.attr is None:
@@ -610,27 +768,62 @@ class SourceIndex:
             candidate = f"{ref.module}.{ref.attr}"
             return candidate if self.is_opaque(candidate) or self.module(candidate) else None
         if isinstance(expr, ast.Attribute):
-            parent = self._module_of(module, expr.value)
+            parent = self._module_of(module, expr.value, scope)
             return f"{parent}.{expr.attr}" if parent is not None else None
         return None
 
-    def resolve_expr(self, module: ModuleSource, expr: ast.expr, hops: int = 0) -> Resolved | None:
-        """The class a base-class expression denotes (``Base``, ``mod.Base``, ``Base[T]``)."""
+    def module_of(
+        self, module: ModuleSource, expr: ast.expr, scope: LocalScope | None = None
+    ) -> str | None:
+        """The absolute name of the module ``expr`` denotes (``mod``, ``pkg.sub``, a patch
+        method's module parameter), or None when it is not known to be a module."""
+        return self._module_of(module, expr, scope)
+
+    def resolve_expr(
+        self,
+        module: ModuleSource,
+        expr: ast.expr,
+        hops: int = 0,
+        scope: LocalScope | None = None,
+    ) -> Resolved | None:
+        """The class a base-class expression denotes (``Base``, ``mod.Base``, ``Base[T]``,
+        ``getattr(mod, "Base")``), names looked up in ``scope`` first."""
+        if hops > _MAX_HOPS:
+            return ExternalBase(ast.unparse(expr), known=False)
         if isinstance(expr, ast.Subscript):
-            return self.resolve_expr(module, expr.value, hops)
+            return self.resolve_expr(module, expr.value, hops, scope)
         if isinstance(expr, ast.Name):
+            local = scope.lookup(expr.id) if scope is not None else None
+            if isinstance(local, ClassSource):
+                return local
+            if isinstance(local, ImportRef):
+                if local.attr is None:
+                    return None
+                return self.resolve_attr(local.module, local.attr, hops + 1)
+            if isinstance(local, ast.expr):
+                if isinstance(local, ast.Name) and local.id == expr.id:  # `X = X`: the outer one
+                    return self.resolve_expr(
+                        module, local, hops + 1, scope.parent if scope else None
+                    )
+                return self.resolve_expr(module, local, hops + 1, scope)
             found = self.resolve_name(module, expr.id, hops)
             return found if found is not None else ExternalBase(expr.id, known=False)
         if isinstance(expr, ast.Attribute):
-            owner = self._module_of(module, expr.value)
+            owner = self._module_of(module, expr.value, scope)
             if owner is not None:
                 return self.resolve_attr(owner, expr.attr, hops + 1)
             return ExternalBase(ast.unparse(expr), known=False)
+        got = _getattr_of(expr)
+        if got is not None:
+            owner = self._module_of(module, got[0], scope)
+            if owner is not None:
+                return self.resolve_attr(owner, got[1], hops + 1)
         return ExternalBase(ast.unparse(expr), known=False)
 
     def bases(self, cls: ClassSource) -> list[Resolved]:
         return [
-            self.resolve_expr(cls.module, b) or ExternalBase(ast.unparse(b), known=False)
+            self.resolve_expr(cls.module, b, scope=cls.scope)
+            or ExternalBase(ast.unparse(b), known=False)
             for b in cls.node.bases
         ]
 
@@ -683,9 +876,24 @@ class SourceIndex:
         return [
             cls
             for module in modules.values()
-            for cls in module.classes.values()
+            for cls in module.all_classes
             if any(k is root for k in self.mro(cls))
         ]
+
+
+def _getattr_of(expr: ast.expr) -> tuple[ast.expr, str] | None:
+    """``(owner, "name")`` of ``getattr(owner, "name")`` (with or without a default)."""
+    if (
+        isinstance(expr, ast.Call)
+        and isinstance(expr.func, ast.Name)
+        and expr.func.id == "getattr"
+        and len(expr.args) in (2, 3)
+        and not expr.keywords
+        and isinstance(expr.args[1], ast.Constant)
+        and isinstance(expr.args[1].value, str)
+    ):
+        return expr.args[0], expr.args[1].value
+    return None
 
 
 def _reversed_parts(path: str) -> tuple[str, ...]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from .rules import RULES, Severity
 
-__all__ = ["CheckResult", "Finding", "Location", "Outcome", "unparsable_file"]
+__all__ = ["CheckResult", "Finding", "Location", "Outcome", "Related", "unparsable_file"]
 
 
 class Outcome(str, enum.Enum):
@@ -37,6 +37,14 @@ class Location:
 
 
 @dataclass(frozen=True)
+class Related:
+    """Another place a finding concerns (a call site that breaks), with what happens there."""
+
+    location: Location
+    message: str
+
+
+@dataclass(frozen=True)
 class Finding:
     """One precise disagreement between an implementation and the contract."""
 
@@ -55,6 +63,9 @@ class Finding:
     #: Filled in when the same finding from several levels is merged into one (see
     #: ``merge.merge_levels``); empty on a finding fresh from one check.
     levels: tuple[str, ...] = ()
+    #: Other places the finding concerns: the call sites that break because of it
+    #: (``kvcache drift``), one finding however many there are.
+    related: tuple[Related, ...] = ()
 
     def __post_init__(self) -> None:
         if self.rule not in RULES:

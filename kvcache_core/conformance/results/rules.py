@@ -97,6 +97,11 @@ _ALL = [
         "a base class could not be found without importing it; inherited members are unchecked",
     ),
     Rule("store-check-failed", Severity.ERROR, "a snapshot store failed a store-battery check"),
+    Rule(
+        "missing-engine-name",
+        Severity.ERROR,
+        "a plugin takes a name from an engine module that no longer defines it",
+    ),
 ]
 
 RULES: dict[str, Rule] = {r.id: r for r in _ALL}

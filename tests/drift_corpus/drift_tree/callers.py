@@ -8,7 +8,7 @@ from .base import TreeBasePool
 
 
 def retract(pool: TreeBasePool, slots: torch.Tensor, state: torch.Tensor | None) -> object:
-    return pool.get_cpu_copy(slots, mamba_indices=state)  # expect[drift]: unaccepted-keyword retract.get_cpu_copy
+    return pool.get_cpu_copy(slots, mamba_indices=state)  # a related location of TreeNarrowPool's finding
 
 
 class Scheduler:
@@ -19,6 +19,11 @@ class Scheduler:
         return self.pool.get_cpu_copy(slots)
 
     def snapshot_with_state(self, slots: torch.Tensor, state: torch.Tensor) -> object:
-        return self.pool.get_cpu_copy(  # expect[drift]: unaccepted-keyword snapshot_with_state.get_cpu_copy
+        return self.pool.get_cpu_copy(  # a related location of TreeNarrowPool's finding
             slots, mamba_indices=state
         )
+
+
+def flush(pool: TreeBasePool, slots: torch.Tensor) -> object:
+    # no implementation a TreeBasePool can be takes `stream=`: the call itself is wrong
+    return pool.get_cpu_copy(slots, stream=None)  # expect[drift]: unaccepted-keyword flush.get_cpu_copy

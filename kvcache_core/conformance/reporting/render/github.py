@@ -47,6 +47,8 @@ def _annotation(result: CheckResult, finding: Finding) -> str:
     contract = location_text(finding.contract_location)
     if contract and finding.impl_location is not None:
         message += f"\nContract: {contract}"
+    for other in finding.related:
+        message += f"\nCalled at {location_text(other.location)}: {other.message}"
     if finding.hint:
         message += f"\nHint: {finding.hint}"
     if finding.reproduction:

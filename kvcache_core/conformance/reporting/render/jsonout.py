@@ -35,6 +35,10 @@ def finding_to_json(finding: Finding) -> dict[str, object]:
         "impl_location": _location(finding.impl_location),
         "levels": list(finding.levels),
         "reproduction": finding.reproduction,
+        "related": [
+            {"path": r.location.path, "line": r.location.line, "message": r.message}
+            for r in finding.related
+        ],
     }
 
 

@@ -39,6 +39,8 @@ def _finding_text(finding: Finding) -> str:
         lines.append(f"  implementation: {impl}")
     if contract:
         lines.append(f"  contract: {contract}")
+    for other in finding.related:
+        lines.append(f"  called at: {location_text(other.location)}: {other.message}")
     if finding.hint:
         lines.append(f"  hint: {finding.hint}")
     if finding.reproduction:

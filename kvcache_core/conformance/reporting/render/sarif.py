@@ -2,10 +2,11 @@
 
 Rule ids are the checker's stable ids (``tool.driver.rules``, in ``rules.py`` order, so a
 ``ruleIndex`` never moves for an existing rule). A finding's location is the implementation's
-file:line; the contract's file:line is a ``relatedLocation``. Paths under the working directory
-are relative to ``%SRCROOT%`` (declared in ``originalUriBaseIds``), others absolute ``file:``
-URIs. An expected failure is reported with an accepted external suppression, so viewers show it
-as dismissed; checks that could not run become ``toolExecutionNotifications``.
+file:line; the contract's file:line is a ``relatedLocation``, and so is each call site a
+drift finding names. Paths under the working directory are relative to ``%SRCROOT%``
+(declared in ``originalUriBaseIds``), others absolute ``file:`` URIs. An expected failure
+is reported with an accepted external suppression, so viewers show it as dismissed; checks
+that could not run become ``toolExecutionNotifications``.
 """
 
 from __future__ import annotations
@@ -88,15 +89,26 @@ def _result(result: CheckResult, finding: Finding, base: Path) -> dict[str, obje
     primary = finding.impl_location or finding.contract_location
     if primary is not None:
         entry["locations"] = [{"physicalLocation": _physical(primary, base)}]
+    related: list[dict[str, object]] = []
     if finding.contract_location is not None and finding.impl_location is not None:
         what = f"{finding.method}" if finding.method else "the contract"
-        entry["relatedLocations"] = [
+        related.append(
             {
                 "id": 1,
                 "message": {"text": f"contract: {what}"},
                 "physicalLocation": _physical(finding.contract_location, base),
             }
-        ]
+        )
+    for other in finding.related:  # the call sites that break (kvcache drift)
+        related.append(
+            {
+                "id": len(related) + 1,
+                "message": {"text": other.message},
+                "physicalLocation": _physical(other.location, base),
+            }
+        )
+    if related:
+        entry["relatedLocations"] = related
     if result.outcome is Outcome.EXPECTED_FAILURE:
         why = "expected failure" + (f": {result.detail}" if result.detail else "")
         entry["suppressions"] = [{"kind": "external", "status": "accepted", "justification": why}]

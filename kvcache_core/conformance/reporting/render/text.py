@@ -38,6 +38,8 @@ def _finding_lines(finding: Finding) -> list[str]:
         lines.append(f"{_INDENT}  implementation: {impl}")
     if contract:
         lines.append(f"{_INDENT}  contract:       {contract}")
+    for other in finding.related:
+        lines.append(f"{_INDENT}  called at:      {location_text(other.location)}: {other.message}")
     if finding.hint:
         hint, *rest = finding.hint.splitlines()
         lines += [f"{_INDENT}  hint: {hint}", *(f"{_INDENT}        {line}" for line in rest)]
