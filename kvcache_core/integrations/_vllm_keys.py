@@ -74,6 +74,11 @@ class BlockKeys:
         self._keys: list[str] = []
         self._seed = hashlib.blake2b(fingerprint.encode(), digest_size=_DIGEST).digest()
 
+    @property
+    def computed(self) -> list[str]:
+        """Every key computed so far (the request's full blocks at the last ``keys`` call)."""
+        return list(self._keys)
+
     def keys(self, token_ids: Sequence[int], blocks: int | None = None) -> list[str]:
         """Keys of the first ``blocks`` full blocks of ``token_ids`` (all full blocks when None).
 

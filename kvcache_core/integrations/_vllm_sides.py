@@ -238,7 +238,7 @@ class SchedulerSide:
             return
         first = matched[0] // self.block_size
         count = num_external // self.block_size
-        keys = self._keys[request_id].keys((), None)[first : first + count]
+        keys = self._keys[request_id].computed[first : first + count]
         if len(keys) != count or len(block_ids) < first + count:
             LOG.warning(
                 "kvcache: request %s: vLLM allocated %d blocks for %d external tokens from "
