@@ -91,6 +91,7 @@ def run_instance(spec: dict[str, Any]) -> dict[str, Any]:
     tokens: list[list[int]] = []
     ttft: list[float] = []
     wall: list[float] = []
+    per_prompt: list[dict[str, float]] = []  # vLLM's counters moved by each prompt
     if spec.get("batch"):  # every prompt at once (the preemption runs)
         t0 = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)
@@ -98,6 +99,7 @@ def run_instance(spec: dict[str, Any]) -> dict[str, Any]:
         tokens = [list(o.outputs[0].token_ids) for o in outputs]
     else:
         for prompt in prompts:
+            before = _counters(llm)
             if spec.get("measure_ttft", True):
                 first = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
                 t0 = time.perf_counter()
@@ -109,6 +111,8 @@ def run_instance(spec: dict[str, Any]) -> dict[str, Any]:
             out = llm.generate([prompt], params, use_tqdm=False)[0]
             wall.append(time.perf_counter() - t0)
             tokens.append(list(out.outputs[0].token_ids))
+            after = _counters(llm)
+            per_prompt.append({k: v - before.get(k, 0.0) for k, v in after.items()})
     stats_file = (connector or {}).get("extra", {}).get("stats_file")
     return {
         "tokens": tokens,
@@ -116,6 +120,7 @@ def run_instance(spec: dict[str, Any]) -> dict[str, Any]:
         "wall": wall,
         "startup": startup,
         "counters": _counters(llm),
+        "per_prompt": per_prompt,
         "connector": _connector_stats(stats_file),
     }
 
