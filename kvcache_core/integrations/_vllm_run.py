@@ -90,6 +90,7 @@ def run_instance(spec: dict[str, Any]) -> dict[str, Any]:
     prompts = list(spec["prompts"])
     tokens: list[list[int]] = []
     ttft: list[float] = []
+    first_tokens: list[int] = []
     wall: list[float] = []
     per_prompt: list[dict[str, float]] = []  # vLLM's counters moved by each prompt
     if spec.get("batch"):  # every prompt at once (the preemption runs)
@@ -103,10 +104,13 @@ def run_instance(spec: dict[str, Any]) -> dict[str, Any]:
             if spec.get("measure_ttft", True):
                 first = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
                 t0 = time.perf_counter()
-                llm.generate([prompt], first, use_tqdm=False)
+                head = llm.generate([prompt], first, use_tqdm=False)[0]
                 ttft.append(time.perf_counter() - t0)
+                first_tokens.append(int(head.outputs[0].token_ids[0]))
                 if spec.get("reset_prefix_cache_between", True):
                     llm.reset_prefix_cache()
+                if spec.get("ttft_only"):
+                    continue
             t0 = time.perf_counter()
             out = llm.generate([prompt], params, use_tqdm=False)[0]
             wall.append(time.perf_counter() - t0)
@@ -117,6 +121,7 @@ def run_instance(spec: dict[str, Any]) -> dict[str, Any]:
     return {
         "tokens": tokens,
         "ttft": ttft,
+        "first_tokens": first_tokens,
         "wall": wall,
         "startup": startup,
         "counters": _counters(llm),

@@ -1,7 +1,7 @@
 """vLLM serves on kvcache: a KV connector whose blocks are a kvcache pool and whose snapshots
 travel through kvcache's snapshot stores.
 
-* [`VLLMBlockPool`][kvcache_core.integrations.vllm.VLLMBlockPool]: the KV tensors vLLM's CPU
+* ``VLLMBlockPool``: the KV tensors vLLM's CPU
   backend registers, seen as a kvcache pool (``KVPool`` + ``OffloadablePool``, paged); its
   snapshots are ``mha`` snapshots. Needs torch only.
 * ``KVCacheConnector``: the vLLM v1 KV connector (``kv_connector="KVCacheConnector"``, or this
