@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ..contracts.history import CONTRACT_VERSION
-from . import _demo_vllm
+from ._demo_vllm import add_arguments as add_vllm_arguments
 
 if TYPE_CHECKING:  # the engine and discovery import torch: only `run` needs them
     from ..discovery import Registry
@@ -90,7 +90,7 @@ def register(sub: Any) -> None:
         help="snapshot store for --instances 2: memory:, dir:PATH, redis://HOST:PORT/DB, "
         "redis+cluster://HOST:PORT or any installed store's URL",
     )
-    _demo_vllm.add_arguments(parser)
+    add_vllm_arguments(parser)
     parser.set_defaults(run=run)
 
 
@@ -156,7 +156,9 @@ class _Progress:
 
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "engine", "reference") == "vllm":
-        return _demo_vllm.run(args)
+        from ._demo_vllm import run as run_vllm
+
+        return run_vllm(args)
     if getattr(args, "engine", "reference") == "transformers":
         if getattr(args, "instances", 1) != 1:
             print(

@@ -45,7 +45,7 @@ _ROLES = ("kv_producer", "kv_consumer", "kv_both")
 
 
 @dataclass
-class KVCacheConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
+class KVCacheConnectorMetadata(KVConnectorMetadata):
     """One step's plan, as vLLM carries it from the scheduler to the workers."""
 
     plan: StepPlan = field(default_factory=StepPlan)
@@ -107,7 +107,7 @@ def _layer_order(name: str) -> tuple[int, str]:
     return (int(found.group()) if found else -1, name)
 
 
-class KVCacheConnector(KVConnectorBase_V1):  # type: ignore[misc]
+class KVCacheConnector(KVConnectorBase_V1):
     """A vLLM v1 KV connector that stores full KV blocks as kvcache snapshots.
 
     Configure with ``KVTransferConfig(kv_connector="KVCacheConnector", kv_role=ROLE,
@@ -126,7 +126,7 @@ class KVCacheConnector(KVConnectorBase_V1):  # type: ignore[misc]
         kv_cache_config: KVCacheConfig | None = None,
     ) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
-        transfer = self._kv_transfer_config
+        transfer = vllm_config.kv_transfer_config
         extra: Mapping[str, Any] = transfer.kv_connector_extra_config or {}
         url = extra.get("store")
         if not isinstance(url, str) or not url:
@@ -168,6 +168,8 @@ class KVCacheConnector(KVConnectorBase_V1):  # type: ignore[misc]
             self.store, self.fingerprint, self.block_size, stats=self.stats
         )
         self._requests: dict[str, Request] = {}
+        self._manager: Any = None
+        self._step = StepPlan()
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -187,9 +189,19 @@ class KVCacheConnector(KVConnectorBase_V1):  # type: ignore[misc]
             LOG.warning("kvcache: KVCacheConnector is off for this engine: %s", self.disabled)
         LOG.info("kvcache: connector on %d layers, pid %d", len(names), os.getpid())
 
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        """Keep this step's plan (vLLM binds the metadata before the forward pass)."""
+        super().bind_connector_metadata(connector_metadata)
+        plan = getattr(connector_metadata, "plan", None)
+        self._step = plan if isinstance(plan, StepPlan) else StepPlan()
+
+    def clear_connector_metadata(self) -> None:
+        """Forget the step's plan (vLLM clears the metadata after the step)."""
+        super().clear_connector_metadata()
+        self._step = StepPlan()
+
     def _plan(self) -> StepPlan:
-        meta = self._get_connector_metadata()
-        return meta.plan if isinstance(meta, KVCacheConnectorMetadata) else StepPlan()
+        return self._step
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         """Load this step's planned blocks before the forward pass reads them."""
@@ -209,8 +221,7 @@ class KVCacheConnector(KVConnectorBase_V1):  # type: ignore[misc]
 
     def wait_for_save(self) -> None:
         """Save the blocks this step completed, before vLLM may reuse them."""
-        if self.has_connector_metadata():
-            self.worker_side.save(self._plan())
+        self.worker_side.save(self._plan())
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         """Blocks whose snapshot was missing, corrupted, foreign or refused: vLLM recomputes."""
@@ -221,6 +232,11 @@ class KVCacheConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self.store.close()
 
     # -- scheduler side --------------------------------------------------------------------
+    def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
+        """Keep vLLM's cache manager: it knows every block of a running request."""
+        super().bind_kv_cache_manager(kv_cache_manager)
+        self._manager = kv_cache_manager
+
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int, bool]:
@@ -249,7 +265,7 @@ class KVCacheConnector(KVConnectorBase_V1):  # type: ignore[misc]
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         """This step's loads and saves, for the workers."""
         scheduled: list[ScheduledRequest] = []
-        manager = self._kv_cache_manager
+        manager = self._manager
         counts = scheduler_output.num_scheduled_tokens
         for new in scheduler_output.scheduled_new_reqs:
             request = self._requests.get(new.req_id)

@@ -374,7 +374,11 @@ class WorkerSide:
         for transfer in plan.loads:
             started = time.perf_counter()
             keys = list(transfer.keys)
-            blobs = self.store.call("a load", lambda store, keys=keys: store.get_many(keys))
+
+            def fetch(store: SnapshotStore, keys: list[str] = keys) -> list[bytes | None]:
+                return store.get_many(keys)
+
+            blobs = self.store.call("a load", fetch)
             if blobs is None or len(blobs) != len(keys):
                 self._refuse(transfer, 0, "the store did not answer")
                 continue
