@@ -167,6 +167,8 @@ class KVCacheConnector(KVConnectorBase_V1):
         self.worker_side = WorkerSide(
             self.store, self.fingerprint, self.block_size, stats=self.stats
         )
+        if not self.disabled:  # open it now: discovering the store plugins costs a first request
+            self.store.call("opening the store", lambda store: True)
         self._requests: dict[str, Request] = {}
         self._manager: Any = None
         self._step = StepPlan()

@@ -111,6 +111,7 @@ def run_instance(spec: dict[str, Any]) -> dict[str, Any]:
                     llm.reset_prefix_cache()
                 if spec.get("ttft_only"):
                     continue
+                before = _counters(llm)  # the counters of the full generation alone
             t0 = time.perf_counter()
             out = llm.generate([prompt], params, use_tqdm=False)[0]
             wall.append(time.perf_counter() - t0)

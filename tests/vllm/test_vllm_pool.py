@@ -41,13 +41,24 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("whole_blocks", [True, False], ids=["whole-blocks", "scattered"])
-def test_snapshots_are_token_major_with_the_transpose_undone(dtype, whole_blocks):
+@pytest.mark.parametrize(
+    "slots",
+    [
+        torch.arange(2 * BS, 4 * BS),
+        torch.tensor([BS + 3, 4 * BS + 31, 70]),
+        # a block's slots from its first one, then out of order: not a whole-block copy
+        torch.cat(
+            [
+                torch.tensor([BS]),
+                BS + 1 + torch.randperm(BS - 1, generator=torch.Generator().manual_seed(0)),
+            ]
+        ),
+    ],
+    ids=["whole-blocks", "scattered", "permuted-block"],
+)
+def test_snapshots_are_token_major_with_the_transpose_undone(dtype, slots):
     caches = raw_caches(dtype)
     pool = VLLMBlockPool(caches)
-    slots = (
-        torch.arange(2 * BS, 4 * BS) if whole_blocks else torch.tensor([BS + 3, 4 * BS + 31, 70])
-    )
     snap = pool.get_cpu_copy(slots)
     assert snap.pool_kind == "mha" and snap.parts["k"].shape == (LAYERS, len(slots), HEADS, D)
     for layer, cache in enumerate(caches):
