@@ -30,11 +30,9 @@ model, 300 tokens, one round) only proves the script runs.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from typing import Any
@@ -45,22 +43,15 @@ from kvcache_core.integrations._vllm_models import (
     build_llama,
     prompt_words,
 )
-from kvcache_core.integrations._vllm_run import RESULT_PREFIX
+from kvcache_core.integrations._vllm_run import spawn_instance
 from kvcache_core.stores.local_redis import LocalRedis
 
 
 def instance(spec: dict[str, Any]) -> dict[str, Any]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "kvcache_core.integrations._vllm_run", json.dumps(spec)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith(RESULT_PREFIX):
-            result: dict[str, Any] = json.loads(line[len(RESULT_PREFIX) :])
-            return result
-    raise SystemExit(f"an instance failed:\n{proc.stderr[-5000:]}")
+    result, stderr = spawn_instance(spec)
+    if result is None:
+        raise SystemExit(f"an instance failed:\n{stderr[-5000:]}")
+    return result
 
 
 def ours(role: str, store: str, stats: str) -> dict[str, Any]:

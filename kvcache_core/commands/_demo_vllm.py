@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from typing import Any
@@ -32,22 +31,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _instance(spec: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
-    """Run one instance in a new process; its result, or None and the end of its stderr."""
-    from ..integrations._vllm_run import RESULT_PREFIX
-
-    proc = subprocess.run(
-        [sys.executable, "-m", "kvcache_core.integrations._vllm_run", json.dumps(spec)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith(RESULT_PREFIX):
-            return json.loads(line[len(RESULT_PREFIX) :]), proc.stderr
-    return None, proc.stderr[-4000:]
-
-
 def _rate(nbytes: float, seconds: float) -> str:
     return f"{nbytes / seconds / 1e6:.0f} MB/s" if seconds > 0 else "-"
 
@@ -63,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     from ..integrations._vllm_models import build_llama, prompt_words
+    from ..integrations._vllm_run import spawn_instance
 
     work = tempfile.mkdtemp(prefix="kvcache-vllm-demo-")
     model = args.model
@@ -98,9 +82,9 @@ def run(args: argparse.Namespace) -> int:
         ("B", connector("kv_consumer", "b")),
     ):
         print(f"kvcache demo: starting vLLM instance {name} ...", file=sys.stderr, flush=True)
-        result, err = _instance({**common, "connector": conn})
+        result, err = spawn_instance({**common, "connector": conn})
         if result is None:
-            print(f"kvcache demo: instance {name} failed:\n{err}", file=sys.stderr)
+            print(f"kvcache demo: instance {name} failed:\n{err[-4000:]}", file=sys.stderr)
             return 1
         runs[name] = result
     base, a, b = runs["recompute"], runs["A"], runs["B"]

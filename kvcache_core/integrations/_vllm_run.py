@@ -12,13 +12,32 @@ from __future__ import annotations
 import glob
 import json
 import os
+import subprocess
 import sys
 import time
 from typing import Any
 
 RESULT_PREFIX = "KVCACHE_RESULT "
 
-__all__ = ["RESULT_PREFIX", "run_instance"]
+__all__ = ["RESULT_PREFIX", "run_instance", "spawn_instance"]
+
+
+def spawn_instance(
+    spec: dict[str, Any], *, timeout: float | None = None
+) -> tuple[dict[str, Any] | None, str]:
+    """Run one instance in a new process: its result (None when it failed) and its stderr."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvcache_core.integrations._vllm_run", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(RESULT_PREFIX):
+            result: dict[str, Any] = json.loads(line[len(RESULT_PREFIX) :])
+            return result, proc.stderr
+    return None, proc.stderr
 
 
 def _counters(llm: Any) -> dict[str, float]:
@@ -100,6 +119,8 @@ def run_instance(spec: dict[str, Any]) -> dict[str, Any]:
         tokens = [list(o.outputs[0].token_ids) for o in outputs]
     else:
         for prompt in prompts:
+            if spec.get("reset_prefix_cache"):  # each prompt on its own, not on an earlier one's
+                llm.reset_prefix_cache()
             before = _counters(llm)
             if spec.get("measure_ttft", True):
                 first = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)

@@ -7,10 +7,7 @@ process started through ``kvcache_core.integrations._vllm_run``, as two servers 
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +20,7 @@ pytest.importorskip(
 )
 
 from kvcache_core.integrations._vllm_models import build_llama
-from kvcache_core.integrations._vllm_run import RESULT_PREFIX
+from kvcache_core.integrations._vllm_run import spawn_instance
 
 
 @dataclass
@@ -52,17 +49,10 @@ class Run:
 
 def run_instance(spec: dict[str, Any], *, timeout: float = 900) -> Run:
     """Start one vLLM instance in a new process and wait for its result."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "kvcache_core.integrations._vllm_run", json.dumps(spec)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith(RESULT_PREFIX):
-            return Run(json.loads(line[len(RESULT_PREFIX) :]), proc.stderr)
-    raise AssertionError(f"the instance failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
+    result, stderr = spawn_instance(spec, timeout=timeout)
+    if result is None:
+        raise AssertionError(f"the instance failed:\n{stderr[-6000:]}")
+    return Run(result, stderr)
 
 
 def connector(

@@ -160,3 +160,17 @@ def test_the_connector_is_registered_by_the_entry_point():
     from kvcache_core.integrations.vllm import KVCacheConnector
 
     assert KVConnectorFactory.get_connector_class_by_name("KVCacheConnector") is KVCacheConnector
+
+
+def test_the_benchmark_runs_and_prints_every_ratio():
+    """benchmarks/bench_vllm.py --quick (a tiny model, one round): the figures are read by
+    people; here only that every line is printed and the first tokens agree."""
+    bench = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_vllm.py"
+    proc = subprocess.run(
+        [sys.executable, str(bench), "--quick"],
+        capture_output=True, text=True, timeout=3600, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    for needle in ("recompute / B/dir", "recompute / B/redis", "B/dir / B/example",
+                   "save overhead", "A/dir / recompute", "first tokens equal to recompute's in every run: yes"):  # fmt: skip
+        assert needle in proc.stdout, proc.stdout

@@ -43,6 +43,7 @@ def spec(model: str, prompts: list[str], conn: dict[str, Any] | None, **kw: Any)
         "max_tokens": 12,
         "block_size": BS,
         "measure_ttft": False,
+        "reset_prefix_cache": True,
         "connector": conn,
         **kw,
     }
