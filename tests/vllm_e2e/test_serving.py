@@ -171,6 +171,13 @@ def test_the_benchmark_runs_and_prints_every_ratio():
         capture_output=True, text=True, timeout=3600, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
-    for needle in ("recompute / B/dir", "recompute / B/redis", "B/dir / B/example",
-                   "save overhead", "A/dir / recompute", "first tokens equal to recompute's in every run: yes"):  # fmt: skip
+    needles = (
+        "recompute / B/dir",
+        "recompute / B/redis",
+        "B/dir / B/example",
+        "save overhead",
+        "A/dir / recompute",
+        "first tokens equal to recompute's in every run: yes",
+    )
+    for needle in needles:
         assert needle in proc.stdout, proc.stdout
