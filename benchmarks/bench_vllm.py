@@ -91,7 +91,9 @@ def main() -> int:
             "model": model,
             "prompts": prompts,
             "block_size": 128,
-            "max_model_len": tokens + 128,
+            # room above the prompt: vLLM refuses a text longer than 6 characters per token of
+            # max_model_len before tokenizing, and these words are up to 7 with the space
+            "max_model_len": 2 * tokens + 256,
             "ttft_only": True,
             "kv_cache_memory_bytes": 1 << 30,
         }

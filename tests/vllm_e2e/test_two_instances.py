@@ -211,7 +211,8 @@ def test_a_three_node_redis_cluster_carries_the_blocks(scenario, models):
     base = scenario["base"]
     assert a.tokens == b.tokens == [base.tokens[0]]
     assert (b.loaded(0), b.computed(0)) == (9 * BS, 300 - 9 * BS)
-    assert sum(held) == 9 and min(held) >= 1, f"blocks per node: {held}"
+    # 9 keys over 3 nodes' hash slots: all on one node would be a 1-in-6,500 chance
+    assert sum(held) == 9 and sum(1 for n in held if n) >= 2, f"blocks per node: {held}"
 
 
 def test_a_store_that_is_not_there_never_stops_serving(scenario, models):
