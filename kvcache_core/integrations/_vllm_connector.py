@@ -89,6 +89,10 @@ def engine_fingerprint(vllm_config: VllmConfig, extra: Mapping[str, Any] | None 
 
 def _unsupported(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig | None) -> str | None:
     """Why this engine cannot use the connector, or None."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return "only the CPU backend's KV layout is read yet (this is not a CPU platform)"
     parallel = vllm_config.parallel_config
     if parallel.tensor_parallel_size != 1 or parallel.pipeline_parallel_size != 1:
         return "tensor or pipeline parallelism above 1 is not supported yet"
@@ -99,6 +103,37 @@ def _unsupported(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig | None)
         return "hybrid models (several KV cache groups) are not supported yet"
     if vllm_config.speculative_config is not None:
         return "speculative decoding is not supported yet"
+    return None
+
+
+def layout_problem(pool: VLLMBlockPool) -> str | None:
+    """Why vLLM's own cache kernel does not write the layout ``pool`` reads, or None.
+
+    One block per head is written with ``cpu_attn_reshape_and_cache`` in the ISA vLLM picks
+    for this dtype, block size and head size, and read back through a pool of the same
+    geometry: a kernel that packs keys otherwise (another ISA, a later vLLM) turns the
+    connector off instead of loading misread KV.
+    """
+    try:
+        from vllm import _custom_ops as ops
+        from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+        bs, heads, dim = pool.page_size, pool.head_num, pool.head_dim
+        scratch = torch.zeros(2, heads, bs, 2 * dim, dtype=pool.dtype)
+        key_cache, value_cache = scratch.view(2, heads, 2 * bs, dim).chunk(2, dim=2)
+        gen = torch.Generator().manual_seed(0)
+        k = torch.randn(bs, heads, dim, generator=gen).to(pool.dtype)
+        v = torch.randn(bs, heads, dim, generator=gen).to(pool.dtype)
+        slots = torch.arange(bs, 2 * bs)
+        ops.cpu_attn_reshape_and_cache(
+            k, v, key_cache, value_cache, slots, _get_attn_isa(pool.dtype, bs, dim),
+            k_scale=1.0, v_scale=1.0, kv_cache_dtype="auto",
+        )  # fmt: skip
+        snap = VLLMBlockPool([scratch]).get_cpu_copy(slots)
+    except Exception as exc:  # a vLLM without these: the layout cannot be confirmed
+        return f"could not check the KV layout with vLLM's cache kernel ({exc})"
+    if not (torch.equal(snap.parts["k"][0], k) and torch.equal(snap.parts["v"][0], v)):
+        return "vLLM's cache kernel writes another KV layout than the one this pool reads"
     return None
 
 
@@ -185,10 +220,16 @@ class KVCacheConnector(KVConnectorBase_V1):
             return
         names = sorted(kv_caches, key=_layer_order)
         try:
-            self.worker_side.register(VLLMBlockPool([kv_caches[n] for n in names]))
-        except Exception as exc:  # another backend's layout (a GPU's): serve without us
-            self.disabled = f"the KV tensors are not vLLM's CPU layout ({exc})"
-            LOG.warning("kvcache: KVCacheConnector is off for this engine: %s", self.disabled)
+            pool = VLLMBlockPool([kv_caches[n] for n in names])
+            problem = layout_problem(pool)
+            if problem is None:
+                self.worker_side.register(pool)
+        except Exception as exc:  # another backend's layout: serve without us
+            problem = f"the KV tensors are not vLLM's CPU layout ({exc})"
+        if problem is not None:  # the worker loads nothing; vLLM recomputes what was matched
+            self.disabled = problem
+            LOG.warning("kvcache: KVCacheConnector is off for this engine: %s", problem)
+            return
         LOG.info("kvcache: connector on %d layers, pid %d", len(names), os.getpid())
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
