@@ -93,7 +93,7 @@ def main() -> int:
             "block_size": 128,
             # room above the prompt: vLLM refuses a text longer than 6 characters per token of
             # max_model_len before tokenizing, and these words are up to 7 with the space
-            "max_model_len": 2 * tokens + 256,
+            "max_model_len": min(shape.max_positions, 2 * tokens + 256),
             "ttft_only": True,
             "kv_cache_memory_bytes": 1 << 30,
         }
