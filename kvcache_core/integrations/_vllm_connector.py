@@ -183,7 +183,9 @@ class KVCacheConnector(KVConnectorBase_V1):
             LOG.warning("kvcache: KVCacheConnector is off for this engine: %s", self.disabled)
         side = "scheduler" if role == KVConnectorRole.SCHEDULER else "worker"
         stats_file = extra.get("stats_file")
-        self.stats = ConnectorStats(f"{stats_file}.{side}.json" if stats_file else None)
+        self.stats = ConnectorStats(
+            f"{stats_file}.{side}.json" if stats_file else None, fingerprint=self.fingerprint
+        )
         self.store = StoreLink(
             url, open_store, retry_after=float(extra.get("retry_after", 5.0)), stats=self.stats
         )

@@ -43,6 +43,8 @@ class ConnectorStats:
     """Counters of one side of the connector; written to ``path`` (JSON) when one is given."""
 
     path: str | None = None
+    fingerprint: str = ""
+    """The engine's fingerprint (what its keys are chained from)."""
     matched_tokens: int = 0
     """Tokens the scheduler side promised vLLM from the store."""
     resumed_requests: int = 0

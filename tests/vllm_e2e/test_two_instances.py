@@ -9,7 +9,6 @@ saves P1 and P3; A2 (model m2, same geometry) saves P4 into the same store.
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +17,6 @@ import torch
 from kvcache_core import KVSnapshot, PoolConfig, discover
 from kvcache_core.integrations._vllm_keys import BlockKeys
 from kvcache_core.integrations._vllm_models import prompt_words
-from kvcache_core.integrations._vllm_sides import FINGERPRINT_META
 from kvcache_core.stores import open_store
 
 from .conftest import connector, run_instance
@@ -92,14 +90,10 @@ def test_b_loads_the_stored_prefix_and_computes_only_the_tail(scenario):
     assert b.side("worker")["saved_blocks"] == 0  # a consumer saves nothing
 
 
-def _keys(store_dir: Path, prompt: str) -> list[str]:
-    """P's keys under m1's fingerprint, read from a block m1 stored (the first of P1)."""
-    store = open_store(f"dir:{store_dir}")
-    some = next(p for p in store_dir.rglob("*") if p.is_file() and p.stat().st_size > 1000)
-    fingerprint = KVSnapshot.from_bytes(some.read_bytes()).meta[FINGERPRINT_META]
-    keys = BlockKeys(str(fingerprint), BS).keys(token_ids(prompt))
-    store.close()
-    return keys
+def _keys(scenario: dict[str, Any], prompt: str) -> list[str]:
+    """The prompt's keys under m1's fingerprint (A's connector reports it)."""
+    fingerprint = scenario["a"].side("worker")["fingerprint"]
+    return BlockKeys(fingerprint, BS).keys(token_ids(prompt))
 
 
 def test_spoiled_blocks_are_refused_and_a_valid_forgery_changes_the_tokens(scenario, models):
@@ -111,7 +105,7 @@ def test_spoiled_blocks_are_refused_and_a_valid_forgery_changes_the_tokens(scena
     spoiled = work / "spoiled"
     shutil.copytree(scenario["pristine"], spoiled)
     store = open_store(f"dir:{spoiled}")
-    p1_keys, p3_keys = _keys(spoiled, P1), _keys(spoiled, P3)
+    p1_keys, p3_keys = _keys(scenario, P1), _keys(scenario, P3)
     assert store.exists(p1_keys[0]), "the keys computed here are not the keys A stored"
     blob = bytearray(store.get(p1_keys[2]))
     gen = torch.Generator().manual_seed(0)
@@ -163,7 +157,7 @@ def test_a_block_saved_by_vllm_loads_into_an_mha_pool_and_matches_transformers(s
     from transformers import LlamaForCausalLM
 
     store = open_store(scenario["store"])
-    keys = _keys(Path(scenario["store"][4:]), P1)
+    keys = _keys(scenario, P1)
     snaps = [KVSnapshot.from_bytes(store.get(key)) for key in keys]
     store.close()
     first = snaps[0]
