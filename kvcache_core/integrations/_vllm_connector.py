@@ -202,7 +202,11 @@ class KVCacheConnector(KVConnectorBase_V1):
             key_prefix=prefix,
         )
         self.worker_side = WorkerSide(
-            self.store, self.fingerprint, self.block_size, stats=self.stats
+            self.store,
+            self.fingerprint,
+            self.block_size,
+            stats=self.stats,
+            async_save=bool(extra.get("async_save", True)),
         )
         if not self.disabled:  # open it now: discovering the store plugins costs a first request
             self.store.call("opening the store", lambda store: True)
@@ -273,7 +277,8 @@ class KVCacheConnector(KVConnectorBase_V1):
         return self.worker_side.take_load_errors()
 
     def shutdown(self) -> None:
-        """Close this process's store connection."""
+        """Finish the last saves, then close this process's store connection."""
+        self.worker_side.flush()
         self.store.close()
 
     # -- scheduler side --------------------------------------------------------------------

@@ -66,7 +66,7 @@ class ConnectorStats:
             return
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         del values["path"]
-        tmp = f"{self.path}.{os.getpid()}.tmp"
+        tmp = f"{self.path}.{os.getpid()}.{threading.get_ident()}.tmp"
         with open(tmp, "w", encoding="utf-8") as fh:
             json.dump(values, fh)
         os.replace(tmp, self.path)
@@ -305,6 +305,7 @@ class WorkerSide:
         *,
         stats: ConnectorStats | None = None,
         verify: Callable[[bytes], KVSnapshot] = KVSnapshot.from_bytes,
+        async_save: bool = True,
     ) -> None:
         self.store = store
         self.fingerprint = fingerprint
@@ -314,6 +315,9 @@ class WorkerSide:
         self._verify = verify
         self._errors: set[int] = set()
         self._failed_requests: set[str] = set()
+        self.async_save = async_save
+        """Write saved blocks on a background thread (their host copies are taken first)."""
+        self._writer: threading.Thread | None = None
 
     def register(self, pool: VLLMBlockPool) -> None:
         """The pool over vLLM's registered tensors (its block size must be ``block_size``)."""
@@ -422,18 +426,42 @@ class WorkerSide:
 
     def save(self, plan: StepPlan) -> None:
         """Store every planned block, except those of a request whose load failed this step
-        (its step ran on KV that vLLM is about to recompute)."""
+        (its step ran on KV that vLLM is about to recompute).
+
+        The blocks are copied to the host before this returns (vLLM may reuse them right
+        after); serialising and writing them runs on a background thread when ``async_save``
+        is set, overlapping the next step, and the next ``save`` (or ``flush``) waits for it.
+        """
         if self.pool is None or not plan.saves:
             return
         started = time.perf_counter()
-        items: dict[str, bytes] = {}
+        snapshots: dict[str, KVSnapshot] = {}
         for transfer in plan.saves:
             if transfer.request_id in self._failed_requests:
                 continue
             for key, block in zip(transfer.keys, transfer.block_ids, strict=True):
-                items[key] = self.block_snapshot(key, block).to_bytes()
-        if not items:
+                snapshots[key] = self.block_snapshot(key, block)
+        if not snapshots:
             return
+        copied = time.perf_counter() - started
+        self.flush()
+        if not self.async_save:
+            self._write(snapshots, copied)
+            return
+        self._writer = threading.Thread(
+            target=self._write, args=(snapshots, copied), name="kvcache-save", daemon=False
+        )
+        self._writer.start()
+
+    def flush(self) -> None:
+        """Wait until the blocks handed to ``save`` are written (or refused by the store)."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.join()
+
+    def _write(self, snapshots: Mapping[str, KVSnapshot], copied: float) -> None:
+        started = time.perf_counter()
+        items = {key: snap.to_bytes() for key, snap in snapshots.items()}
 
         def put(store: SnapshotStore) -> bool:
             store.put_many(items)
@@ -444,5 +472,5 @@ class WorkerSide:
             self.stats.saved_bytes += sum(len(b) for b in items.values())
         else:
             self.stats.save_errors += len(items)
-        self.stats.save_seconds += time.perf_counter() - started
+        self.stats.save_seconds += copied + time.perf_counter() - started
         self.stats.flush()

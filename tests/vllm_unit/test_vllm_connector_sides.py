@@ -8,6 +8,7 @@ way a stored block can be unusable, and a store that fails, each caught by its o
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 
 import pytest
@@ -61,6 +62,7 @@ class Instance:
         plan = self.scheduler.plan_step(scheduled)
         self.worker.load(plan)
         self.worker.save(plan)
+        self.worker.flush()  # the writes run on a thread: this engine's step is over
         return plan
 
     def prefill(self, rid: str, tokens: Sequence[int], blocks: Sequence[int]) -> int:
@@ -255,6 +257,7 @@ def test_a_store_that_goes_away_costs_a_warning_and_a_recompute_never_a_request(
         assert b.scheduler.matched_tokens("q", tokens(3 * BS + 1), 0) == 0
         plan = b.step([ScheduledRequest("q", 0, 3 * BS + 1, [1, 2, 3, 4], tokens(3 * BS + 1))])
         b.worker.load(StepPlan(loads=(BlockTransfer("q", ("k1",), (2,)),)))
+        b.worker.flush()
     assert len(plan.saves) == 1 and b.worker.stats.save_errors == 3
     assert b.worker.take_load_errors() == {2}
     assert DownStore.calls == 1, "a down store is left alone until retry_after has passed"
@@ -275,3 +278,37 @@ def test_a_store_that_cannot_be_opened_is_the_same_as_an_empty_one(caplog):
 def test_a_transfer_whose_keys_and_blocks_do_not_pair_is_refused():
     with pytest.raises(ValueError, match="2 keys for 1 blocks"):
         BlockTransfer("r", ("a", "b"), (1,))
+
+
+class SlowStore:
+    """A store whose ``put_many`` waits until the test lets it finish."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.values: dict[str, bytes] = {}
+
+    def put_many(self, items: dict[str, bytes], *, ttl: float | None = None) -> None:
+        assert self.release.wait(10)
+        self.values.update(items)
+
+    def close(self) -> None:
+        pass
+
+
+def test_saves_are_written_behind_the_step_and_flush_waits_for_them():
+    store = SlowStore()
+    a = Instance(store, load=False, save=True, seed=1)
+    plan = a.scheduler.plan_step(
+        [ScheduledRequest("r", 0, 2 * BS + 1, [1, 2, 3], tokens(2 * BS + 1))]
+    )
+    copied = [c[1].clone() for c in a.pool.caches]
+    a.worker.save(plan)  # returns while the store still holds the write
+    for c in a.pool.caches:
+        c[1].fill_(7.0)  # vLLM reuses the block: the save must have taken its own copy
+    assert store.values == {} and a.worker.stats.saved_blocks == 0
+    store.release.set()
+    a.worker.flush()
+    assert a.worker.stats.saved_blocks == 2 and len(store.values) == 2
+    first = KVSnapshot.from_bytes(store.values[plan.saves[0].keys[0]])
+    want = VLLMBlockPool([c.unsqueeze(0).expand(2, *c.shape).clone() for c in copied])
+    assert torch.equal(first.parts["k"], want.get_cpu_copy(torch.arange(BS, 2 * BS)).parts["k"])
