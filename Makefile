@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.kvcache-installed
 DOCS_STAMP := $(VENV)/.kvcache-docs-installed
 
-.PHONY: setup check test lint typecheck unit docs bench clean interop vllm
+.PHONY: setup check test lint typecheck unit docs bench clean interop fuzz vllm
 
 setup: $(STAMP)
 
@@ -36,6 +36,18 @@ unit: setup
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 test: lint typecheck unit
+
+# Coverage-guided fuzzing of the snapshot reader (atheris; tests/fuzz/fuzz_wire.py) for
+# FUZZ_SECONDS, from the recorded corpus; inputs that reach new code are merged back into
+# tests/fuzz/corpus (libFuzzer's -merge keeps it minimal). The suite runs the same for 15 s.
+FUZZ_SECONDS ?= 600
+FUZZ_WORK    := .fuzz
+
+fuzz: setup
+	mkdir -p $(FUZZ_WORK)/corpus
+	cd $(FUZZ_WORK) && ../$(BIN)/python ../tests/fuzz/fuzz_wire.py corpus ../tests/fuzz/corpus \
+		-max_total_time=$(FUZZ_SECONDS) -max_len=8192 -timeout=10 -artifact_prefix=./
+	cd $(FUZZ_WORK) && ../$(BIN)/python ../tests/fuzz/fuzz_wire.py -merge=1 ../tests/fuzz/corpus corpus
 
 # The docs extra on top of the dev install (ruff formats the rendered signatures).
 $(DOCS_STAMP): $(STAMP) pyproject.toml
@@ -88,4 +100,4 @@ vllm: $(VLLM_STAMP)
 	$(VLLM_BIN)/python -m pytest -q tests/vllm_unit tests/vllm_e2e
 
 clean:
-	rm -rf $(VENV) $(INTEROP_VENV) $(VLLM_VENV) .mypy_cache .ruff_cache .pytest_cache site
+	rm -rf $(VENV) $(INTEROP_VENV) $(VLLM_VENV) .mypy_cache .ruff_cache .pytest_cache site $(FUZZ_WORK)

@@ -25,7 +25,9 @@ better), with the target and whether this run meets it:
    that writeback), so its best run and its typical run differ several-fold.
 3. Wire format alone: ``to_bytes`` + ``from_bytes`` against a ``memcpy`` of the same bytes
    each way (parts into one fresh buffer, the buffer back into fresh tensors; target >= 0.9x).
-   The XXH3 pass over the data, which the memcpy does not do, is shown on its own.
+   ``from_bytes`` copies the data once too (into memory of the snapshot's own, hashing each
+   chunk as it goes), so both sides copy each way; the XXH3 pass over the data, which the
+   memcpy does not do, is shown on its own.
 
 Timings are the best of ``--repeat`` interleaved runs (on a shared machine the median measures
 the other processes). ``--quick`` (256 tokens, 3 runs) only proves the script runs.
@@ -133,7 +135,7 @@ def wire(snap: KVSnapshot, repeat: int) -> list[bool]:
         times["memcpy_out"] / times["to_bytes"],
     )
     informational(
-        "from_bytes (xxh3, views)",
+        "from_bytes (copy + xxh3)",
         gbps(n, times["from_bytes"]),
         "memcpy in",
         times["memcpy_in"] / times["from_bytes"],

@@ -64,6 +64,7 @@ if TYPE_CHECKING:
         SnapshotMismatchError,
         StoreError,
         StoreUnavailableError,
+        StoreValueTooLargeError,
         UnknownPoolError,
         UnsupportedDtypeError,
     )
@@ -128,6 +129,7 @@ _LAZY: dict[str, str] = {
     "SnapshotMismatchError": ".errors",
     "StoreError": ".errors",
     "StoreUnavailableError": ".errors",
+    "StoreValueTooLargeError": ".errors",
     "UnknownPoolError": ".errors",
     "UnsupportedDtypeError": ".errors",
     "hookimpl": ".hookspecs",
@@ -200,6 +202,7 @@ __all__ = [
     "StoreError",
     "StoreSpec",
     "StoreUnavailableError",
+    "StoreValueTooLargeError",
     "TokenAllocator",
     "TokenSlotAllocator",
     "UnknownPoolError",

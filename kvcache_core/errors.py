@@ -18,6 +18,7 @@ __all__ = [
     "SnapshotMismatchError",
     "StoreError",
     "StoreUnavailableError",
+    "StoreValueTooLargeError",
     "UnknownPoolError",
     "UnsupportedDtypeError",
 ]
@@ -84,3 +85,21 @@ class StoreUnavailableError(StoreError, ConnectionError):
     """A snapshot store did not answer within its timeout (the server went away, the
     directory vanished). Raised instead of hanging; what the failed call wrote, if anything,
     is never read back as a value (see docs/stores.md, failure semantics)."""
+
+
+class StoreValueTooLargeError(StoreError):
+    """A value is larger than the ``max_bytes`` its ``get`` allowed; raised before the value
+    is read into memory (the store asks for its size first, or reads at most ``max_bytes + 1``
+    bytes of it).
+
+    :param message: What was refused, naming the key and both sizes.
+    :param size: The value's size in bytes, or None when the store only knows it is larger.
+    :param limit: The ``max_bytes`` the call allowed.
+    """
+
+    def __init__(self, message: str, *, size: int | None, limit: int) -> None:
+        super().__init__(message)
+        self.size = size
+        """The value's size in bytes, or None when the store only knows it exceeds ``limit``."""
+        self.limit = limit
+        """The ``max_bytes`` the call allowed."""

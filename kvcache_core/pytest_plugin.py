@@ -21,9 +21,8 @@ the hooks, and only when ``--kvcache-conformance`` is given.
 
 from __future__ import annotations
 
-import base64
 import os
-import pickle
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -198,7 +197,7 @@ class ConformanceItem(pytest.Item):
         super().__init__(name=name, nodeid=name, **kwargs)
         self.case = case
         self.encoded_result: str | None = None
-        """This run's result, pickled, when ``--kvcache-report`` asks for it."""
+        """This run's result as JSON text, when ``--kvcache-report`` asks for it."""
         self.add_marker(MARK)
         if case.expected is not None:
             self.add_marker(
@@ -212,10 +211,12 @@ class ConformanceItem(pytest.Item):
 
         result = case_result(self.case)
         if self.config.stash.get(_REPORTS, None):
-            # Pickled because the result must reach the process that writes the report, and
-            # under pytest-xdist that is another process; only this plugin reads it back.
-            # ``pytest_runtest_makereport`` puts it on the call's report.
-            self.encoded_result = base64.b64encode(pickle.dumps(result)).decode("ascii")
+            # Encoded because the result must reach the process that writes the report, and
+            # under pytest-xdist that is another process. JSON, never pickle: the reader builds
+            # only results from it. ``pytest_runtest_makereport`` puts it on the call's report.
+            from .conformance.results.codec import result_to_json
+
+            self.encoded_result = result_to_json(result)
         raise_for(self.case, result)
 
     def repr_failure(
@@ -274,7 +275,17 @@ class _ReportWriter:
             return
         encoded = getattr(report, _RESULT, None)
         if isinstance(encoded, str):
-            self.results[report.nodeid] = pickle.loads(base64.b64decode(encoded))
+            from .conformance.results.codec import result_from_json
+
+            try:
+                self.results[report.nodeid] = result_from_json(encoded)
+            except (ValueError, TypeError, KeyError) as exc:  # not one of ours: say so, run on
+                warnings.warn(
+                    pytest.PytestWarning(
+                        f"--kvcache-report: the result of {report.nodeid} is unreadable ({exc})"
+                    ),
+                    stacklevel=2,
+                )
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:

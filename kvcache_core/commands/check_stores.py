@@ -59,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import StoreError
     from ..stores import discover_stores
     from ..stores.battery import run_store_battery
+    from ..stores.redact import redact_text, redact_url
     from ..stores.report import STORE_RULE, store_check_results
     from ._output import finish, load_config, usage_error
 
@@ -67,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             registry.spec_for(url)
         except StoreError as exc:
-            return usage_error("check", f"--store {url}: {exc}")
+            return usage_error("check", redact_text(f"--store {redact_url(url)}: {exc}", url))
     try:
         checks = selected_store_checks(args.select, args.deselect)
         configured = load_config(args)

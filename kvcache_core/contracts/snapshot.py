@@ -107,11 +107,13 @@ class KVSnapshot:
         cls, data: bytes | bytearray | memoryview, *, max_bytes: int | None = None
     ) -> KVSnapshot:
         """The snapshot [`to_bytes`][kvcache_core.KVSnapshot.to_bytes] wrote, bit for bit,
-        after checking every byte of ``data`` (zero-copy when ``data`` is ``bytes``).
+        after checking every byte of ``data`` (the data is copied once, while it is hashed, into
+        memory the snapshot owns: writing to its tensors changes nothing else).
 
-        :param max_bytes: Refuse a blob larger than this.
-        :raises SnapshotMismatchError: The blob is truncated, oversized, corrupted, foreign or
-            of a newer format; the message says which, and nothing has been loaded anywhere.
+        :param max_bytes: Refuse a blob larger than this, before anything of it is copied.
+        :raises SnapshotMismatchError: The only exception for a bad blob: truncated, oversized,
+            corrupted, foreign, hostile (past the format's bounds) or of a newer format; the
+            message says which, and nothing has been loaded anywhere.
         """
         from ..snapshot_wire import snapshot_from_bytes
 

@@ -9,8 +9,9 @@ with ample memory, request by request.
 
 Failure semantics, the point of the exercise: when A cannot store a snapshot (the store is
 down) the request stays retracted on A, resumable where it is, and A resumes it itself; when B
-cannot read a snapshot back (the store died after the put, or the value is corrupted) that
-request fails alone with the store's error and B goes on with the others. No request ever
+cannot fetch, decode or load a snapshot (the store died after the put, the value is corrupted
+or hostile, its layout does not fit B's pool) that request fails alone, its reason in the
+report, the slots it was given released, and B goes on with the others. No request ever
 continues from a snapshot that was not checked whole.
 
 The instances run as two threads for ``memory:`` (an in-process store) and as two processes
@@ -35,7 +36,6 @@ import torch
 from kvcache_core import (
     KVPool,
     Registry,
-    SnapshotMismatchError,
     SnapshotStore,
     StoreError,
     TokenAllocator,
@@ -128,6 +128,10 @@ class RetractingScheduler(Scheduler):
             return
         self.transfer.put_seconds += time.perf_counter() - began
         self.retracted.remove(req)
+        self.transfer.moved += 1
+        self.transfer.bytes_moved += nbytes
+        if self.after_put is not None:  # before B hears of it: a test may spoil the value
+            self.after_put(self.transfer.moved)
         self.send(
             Handoff(
                 req.rid,
@@ -141,10 +145,6 @@ class RetractingScheduler(Scheduler):
             )
         )
         req.snapshot = None
-        self.transfer.moved += 1
-        self.transfer.bytes_moved += nbytes
-        if self.after_put is not None:
-            self.after_put(self.transfer.moved)
 
 
 @dataclass
@@ -155,9 +155,17 @@ class _Moved(Request):
 class ResumingScheduler(Scheduler):
     """Instance B: takes handed-off requests, reads their snapshots back and finishes them."""
 
-    def __init__(self, *args: Any, store: SnapshotStore, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        store: SnapshotStore,
+        max_snapshot_bytes: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.store = store
+        self.max_snapshot_bytes = max_snapshot_bytes
+        """Refuse (fail alone) a stored snapshot larger than this; None: no limit."""
         self.transfer = TransferStats()
         self.ended = False  # A said it is done with this pool
 
@@ -177,22 +185,43 @@ class ResumingScheduler(Scheduler):
         self.transfer.moved += 1
 
     def _resume(self, req: Request) -> bool:
-        if isinstance(req, _Moved) and req.snapshot is None and req.key:
-            began = time.perf_counter()
-            try:
-                snapshot = get_snapshot(self.store, req.key)
-                if snapshot is None:
-                    raise StoreError(f"snapshot {req.key!r} is not in the store")
-            except (StoreError, SnapshotMismatchError) as exc:
-                # Fails alone: dropped from the queue, never resumed from a bad snapshot.
-                self.transfer.failed[req.rid] = f"{type(exc).__name__}: {exc}"
-                return True
-            self.transfer.get_seconds += time.perf_counter() - began
+        """Fetch, decode and load a moved request's snapshot. A failure of any of the three
+        fails that request alone (its reason in ``transfer.failed``, the slots it was given
+        released) and the run goes on; returning True drops it from the queue."""
+        if not (isinstance(req, _Moved) and req.snapshot is None and req.key):
+            return super()._resume(req)
+        began = time.perf_counter()
+        try:
+            snapshot = get_snapshot(self.store, req.key, max_bytes=self.max_snapshot_bytes)
+            if snapshot is None:
+                raise StoreError(f"snapshot {req.key!r} is not in the store")
+        except Exception as exc:  # fetch or decode: a store error, a bad blob, anything else
+            self._fail(req, "fetching", exc)
+            return True
+        self.transfer.get_seconds += time.perf_counter() - began
+        req.snapshot, placeholder = snapshot, req.slots
+        try:
+            resumed = super()._resume(req)
+        except Exception as exc:  # the pool refused it (a layout that does not fit, ...)
+            if req in self.running:
+                self.running.remove(req)
+            if req.slots is not placeholder:
+                self._release(req)  # the slots (and Mamba slot) this resume was given
+            req.snapshot = None
+            self._fail(req, "loading", exc)
+            return True
+        if resumed:
             self.transfer.bytes_moved += snapshot.nbytes
-            with contextlib.suppress(StoreError):  # read and checked: the copy is B's now
+            with contextlib.suppress(StoreError):  # read, checked and loaded: B's now
                 self.store.delete(req.key)
-            req.snapshot, req.key = snapshot, ""
-        return super()._resume(req)
+            req.key = ""
+        else:  # no room yet: read it again when it fits (nothing was loaded)
+            req.snapshot = None
+        return resumed
+
+    def _fail(self, req: Request, step: str, exc: BaseException) -> None:
+        """Record why ``req`` cannot resume here; it is dropped, never resumed half-way."""
+        self.transfer.failed[req.rid] = f"{step} the snapshot: {type(exc).__name__}: {exc}"
 
     def serve(self, receive: Callable[[float], object]) -> dict[int, list[int]]:
         """Decode what arrives until A says it is done and nothing is left; the tokens."""
@@ -230,7 +259,7 @@ class InstanceReport:
     """One pool across two instances: the verdict against a single ample-memory instance."""
 
     pool: str
-    status: str  # identical, differ, failed-requests, error, skipped
+    status: str  # identical, differ, failed-requests, nothing-moved, error, skipped
     reason: str | None = None
     moved: int = 0
     bytes_moved: int = 0
@@ -493,6 +522,14 @@ def _verdict(
             report.reason = f"requests {missing} never finished"
     elif report.failed_requests:
         report.status = "failed-requests"
+    elif report.moved == 0:  # the tokens agree, but nothing crossed the store: not a pass
+        report.status = "nothing-moved"
+        report.reason = (
+            f"no snapshot went through the store: all {report.kept_local} puts failed and A "
+            "resumed those requests itself"
+            if report.kept_local
+            else "no request was retracted, so none moved (lower --budget)"
+        )
     else:
         report.status = "identical"
     return report

@@ -18,6 +18,7 @@ from .discovery import (
     open_store,
     store_drift,
 )
+from .redact import redact_url
 from .snapshots import get_snapshot, put_snapshot
 from .spec import STORE_METHODS, SnapshotStore, StoreFactory, StoreSpec
 
@@ -34,5 +35,6 @@ __all__ = [
     "get_snapshot",
     "open_store",
     "put_snapshot",
+    "redact_url",
     "store_drift",
 ]

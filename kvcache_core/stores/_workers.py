@@ -14,7 +14,15 @@ import struct
 import time
 from typing import Any
 
-__all__ = ["make_value", "reader", "run_job", "verify_value", "writer"]
+__all__ = [
+    "expiry_reader",
+    "expiry_writer",
+    "make_value",
+    "reader",
+    "run_job",
+    "verify_value",
+    "writer",
+]
 
 _HEAD = struct.Struct("<II")
 _DIGEST = 16
@@ -88,9 +96,62 @@ def reader(target: object, keys: list[str], seconds: float, start: Any) -> str |
             store.close()
 
 
+def expiry_writer(target: object, key: str, seconds: float, start: Any) -> str | None:
+    """For ``seconds`` (and at least 50 rounds), put a value that expires at once, then an
+    acknowledged one, and read each acknowledged one back (only this worker writes ``key``);
+    the first one missing or wrong, an error, or None. The pauses let readers find the expired
+    value and act on what they found after the acknowledged one is in place."""
+    store, owned = _open(target)
+    try:
+        start.wait(120)
+        deadline = time.monotonic() + seconds
+        i = 0
+        while i < 50 or time.monotonic() < deadline:
+            store.put(key, b"expiring %d" % i, ttl=1e-6)
+            time.sleep(0.0005)
+            value = b"acknowledged %d" % i
+            store.put(key, value)
+            time.sleep(0.0005)
+            got = store.get(key)
+            if got != value:
+                return f"acknowledged put {i} read back as {got!r:.40}"
+            i += 1
+        return None
+    except Exception as exc:
+        return f"expiry writer: {type(exc).__name__}: {exc}"
+    finally:
+        if owned:
+            store.close()
+
+
+def expiry_reader(target: object, key: str, seconds: float, start: Any) -> str | None:
+    """Read ``key`` (finding expired values) for ``seconds``; an error, or None."""
+    store, owned = _open(target)
+    try:
+        start.wait(120)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            store.get(key)
+            store.exists(key)
+        return None
+    except Exception as exc:
+        return f"expiry reader: {type(exc).__name__}: {exc}"
+    finally:
+        if owned:
+            store.close()
+
+
+_ROLES: dict[str, Any] = {
+    "writer": writer,
+    "reader": reader,
+    "expiry-writer": expiry_writer,
+    "expiry-reader": expiry_reader,
+}
+
+
 def run_job(results: Any, index: int, role: str, args: tuple[Any, ...]) -> None:
-    """A process's body: run ``writer`` or ``reader`` and report ``(index, problem)``."""
-    fn = writer if role == "writer" else reader
+    """A process's body: run the worker ``role`` names and report ``(index, problem)``."""
+    fn = _ROLES[role]
     try:
         problem = fn(*args)
     except BaseException as exc:  # report anything, then let the process end

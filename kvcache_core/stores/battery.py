@@ -8,12 +8,20 @@ a shared server without touching other data) and deletes them afterwards. Checks
 * ``missing-key``: ``get`` is None, ``exists`` and ``delete`` are False, batched forms agree;
 * ``overwrite``: a second ``put`` replaces the first, also through ``put_many``;
 * ``batched``: ``put_many``/``get_many``/``delete_many`` keep order and count;
-* ``bad-input``: a non-string key, a non-bytes value, a bad ttl raise ``StoreError`` and store
-  nothing;
+* ``bad-input``: a non-string key, an empty or lone-surrogate key, a non-bytes value, a bad ttl
+  or ``max_bytes`` raise ``StoreError`` (never another type) and store nothing;
 * ``ttl``: a value put with a ttl expires, one without stays (stores that declare expiry);
+* ``expiry-race``: a writer alternates a value that expires at once and an acknowledged one
+  while two readers (processes; threads for an in-process store) keep finding the expired
+  ones; every acknowledged value reads back (a reader that removes an expired value by name
+  removes the newer one);
+* ``max-bytes``: ``get(key, max_bytes=N)`` of a larger value raises
+  ``StoreValueTooLargeError`` without bringing the value into this process's memory, and
+  ``get_snapshot(..., max_bytes=N)`` turns it into ``SnapshotMismatchError``;
 * ``large``: a 32 MiB snapshot comes back bit-exact;
-* ``corrupted-value``: a stored snapshot with one flipped byte, or cut short, is refused with
-  ``SnapshotMismatchError`` when read back (never handed on as a snapshot);
+* ``corrupted-value``: a stored snapshot with one flipped byte, cut short, or a hostile header
+  (nested past any bound) is refused with ``SnapshotMismatchError`` when read back (never
+  handed on as a snapshot, never another exception);
 * ``concurrent``: two writer and two reader processes (threads for an in-process store) hammer
   the same keys; no reader ever sees a torn value;
 * ``outage``: the server stops answering, then dies, mid-``put``: the call raises
@@ -34,9 +42,15 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..errors import SnapshotMismatchError, StoreError, StoreUnavailableError
+from ..errors import (
+    SnapshotMismatchError,
+    StoreError,
+    StoreUnavailableError,
+    StoreValueTooLargeError,
+)
 from ._workers import make_value, run_job, verify_value
 from .discovery import StoreRegistry, discover_stores
+from .redact import redact_text, redact_url
 from .snapshots import get_snapshot, put_snapshot
 from .spec import SnapshotStore, StoreSpec
 
@@ -89,7 +103,8 @@ class StoreCheckResult:
     check: str
     """The check's name, so a failure can be rerun alone."""
     url: str
-    """The store URL it ran against."""
+    """The store URL it ran against, its secrets replaced by ``***``
+    ([`redact_url`][kvcache_core.stores.redact.redact_url])."""
     status: str
     """``passed``, ``failed`` or ``skipped``."""
     message: str = ""
@@ -244,20 +259,34 @@ def _batched(ctx: _Context) -> None:
 
 def _bad_input(ctx: _Context) -> None:
     key = ctx.key("bad")
+    lone = ctx.key("lone-\udc80")
     cases: list[tuple[str, Callable[[], object]]] = [
-        ("a non-string key", lambda: ctx.store.put(7, b"x")),  # type: ignore[arg-type]
-        ("an empty key", lambda: ctx.store.put("", b"x")),
-        ("a str value", lambda: ctx.store.put(key, "text")),  # type: ignore[arg-type]
-        ("a negative ttl", lambda: ctx.store.put(key, b"x", ttl=-1)),
-        ("a bad item in put_many", lambda: ctx.store.put_many({key: b"x", ctx.key("b2"): 5})),  # type: ignore[dict-item]
+        ("put with a non-string key", lambda: ctx.store.put(7, b"x")),  # type: ignore[arg-type]
+        ("put with an empty key", lambda: ctx.store.put("", b"x")),
+        ("put with a lone-surrogate key", lambda: ctx.store.put(lone, b"x")),
+        ("get of a lone-surrogate key", lambda: ctx.store.get(lone)),
+        ("get_many with a non-string key", lambda: ctx.store.get_many([key, 7])),  # type: ignore[list-item]
+        ("delete of a non-string key", lambda: ctx.store.delete(None)),  # type: ignore[arg-type]
+        ("put with a str value", lambda: ctx.store.put(key, "text")),  # type: ignore[arg-type]
+        ("put with a negative ttl", lambda: ctx.store.put(key, b"x", ttl=-1)),
+        ("put with a NaN ttl", lambda: ctx.store.put(key, b"x", ttl=float("nan"))),
+        ("get with a negative max_bytes", lambda: ctx.store.get(key, max_bytes=-1)),
+        (
+            "put_many with a bad item",
+            lambda: ctx.store.put_many({key: b"x", ctx.key("b2"): 5}),  # type: ignore[dict-item]
+        ),
     ]
     for what, call in cases:
         try:
             call()
         except StoreError:
             pass
+        except Exception as exc:
+            raise StoreCheckFailure(
+                f"{what} raised {type(exc).__name__}: {exc}; expected StoreError"
+            ) from None
         else:
-            raise StoreCheckFailure(f"put with {what} was accepted; expected StoreError")
+            raise StoreCheckFailure(f"{what} was accepted; expected StoreError")
     _expect(ctx.store.get(key) is None, "a refused put_many stored part of its items")
 
 
@@ -275,6 +304,62 @@ def _ttl(ctx: _Context) -> None:
     _expect(ctx.store.get(kept) == b"stays", "a value without a ttl expired")
 
 
+def _expiry_race(ctx: _Context) -> None:
+    if not ctx.spec.supports_ttl:
+        raise _Skip("the store declares no expiry (supports_ttl=False)")
+    key = ctx.key("race")
+    target: object = ctx.url if ctx.spec.shared else ctx.store
+    start: Any = (
+        multiprocessing.get_context("spawn").Barrier(3) if ctx.spec.shared else threading.Barrier(3)
+    )
+    jobs: list[tuple[str, tuple[object, ...]]] = [
+        ("expiry-writer", (target, key, 1.5, start)),
+        ("expiry-reader", (target, key, 1.5, start)),
+        ("expiry-reader", (target, key, 1.5, start)),
+    ]
+    problems = _run_processes(jobs) if ctx.spec.shared else _run_threads(jobs)
+    found = [p for p in problems if p]
+    _expect(not found, f"a reader of expired values and a writer: {'; '.join(found)}")
+
+
+def _max_bytes(ctx: _Context) -> None:
+    import tracemalloc
+
+    key, limit = ctx.key("bounded"), 1 << 20
+    value = make_value(0, 0, 8 << 20)
+    ctx.store.put(key, value)
+    tracemalloc.start()
+    try:
+        try:
+            ctx.store.get(key, max_bytes=limit)
+        except StoreValueTooLargeError:
+            refused = True
+        else:
+            refused = False
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    _expect(
+        refused, f"get(max_bytes={limit}) of an 8 MiB value did not raise StoreValueTooLargeError"
+    )
+    _expect(
+        peak < 2 * limit,
+        f"get(max_bytes={limit}) held {peak} bytes to refuse an 8 MiB value (read it whole first)",
+    )
+    _expect(ctx.store.get(key, max_bytes=len(value)) == value, "a value of exactly max_bytes")
+    _expect(
+        ctx.store.get(ctx.key("never"), max_bytes=limit) is None, "get(max_bytes) of a missing key"
+    )
+    snap = ctx.key("bounded-snap")
+    size = put_snapshot(ctx.store, snap, _sample())
+    try:
+        get_snapshot(ctx.store, snap, max_bytes=size - 1)
+    except SnapshotMismatchError:
+        pass
+    else:
+        raise StoreCheckFailure("get_snapshot(max_bytes=size - 1) returned the snapshot")
+
+
 def _large(ctx: _Context) -> None:
     snap = _big(LARGE_BYTES)
     size = put_snapshot(ctx.store, ctx.key("large"), snap)
@@ -287,12 +372,23 @@ def _corrupted(ctx: _Context) -> None:
     blob = bytearray(_sample().to_bytes())
     cut = bytes(blob[: len(blob) - 3])
     blob[len(blob) // 2] ^= 0x10
-    for label, value in (("a flipped byte", bytes(blob)), ("cut short", cut)):
+    nested = b"[" * 100_000 + b"]" * 100_000
+    hostile = len(nested).to_bytes(8, "little") + nested
+    for label, value in (
+        ("a flipped byte", bytes(blob)),
+        ("cut short", cut),
+        ("a header nested 100,000 deep", hostile),
+    ):
         ctx.store.put(ctx.key("bad"), value)
         try:
             get_snapshot(ctx.store, ctx.key("bad"))
         except SnapshotMismatchError:
             continue
+        except Exception as exc:
+            raise StoreCheckFailure(
+                f"a stored snapshot with {label} raised {type(exc).__name__}; expected "
+                "SnapshotMismatchError"
+            ) from None
         raise StoreCheckFailure(f"a stored snapshot with {label} was read back as a snapshot")
 
 
@@ -451,6 +547,8 @@ STORE_CHECKS: dict[str, Callable[[_Context], None]] = {
     "batched": _batched,
     "bad-input": _bad_input,
     "ttl": _ttl,
+    "expiry-race": _expiry_race,
+    "max-bytes": _max_bytes,
     "large": _large,
     "corrupted-value": _corrupted,
     "concurrent": _concurrent,
@@ -488,7 +586,14 @@ def run_store_check(
     began = time.perf_counter()
 
     def result(status: str, message: str = "") -> StoreCheckResult:
-        return StoreCheckResult(check, url, status, message, round(time.perf_counter() - began, 3))
+        # The URL becomes a report's target, message and hint: never with a secret in it.
+        return StoreCheckResult(
+            check,
+            redact_url(url),
+            status,
+            redact_text(message, url),
+            round(time.perf_counter() - began, 3),
+        )
 
     try:
         with _opened(url, registry) as (store, spec):
@@ -518,6 +623,9 @@ _ALL_KEYS = (
     "kept",
     "large",
     "bad",
+    "race",
+    "bounded",
+    "bounded-snap",
     *(f"c{i}" for i in range(3)),
 )
 

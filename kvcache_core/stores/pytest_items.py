@@ -15,7 +15,9 @@ class StoreCheckItem(pytest.Item):
     """One store-battery check on one store URL."""
 
     def __init__(self, *, url: str, check: str, mark: str, **kwargs: Any) -> None:
-        name = f"test_kvcache_store[{url}-{check}]"
+        from .redact import redact_url
+
+        name = f"test_kvcache_store[{redact_url(url)}-{check}]"
         super().__init__(name=name, nodeid=name, **kwargs)
         self.url, self.check = url, check
         self.add_marker(mark)
@@ -26,8 +28,8 @@ class StoreCheckItem(pytest.Item):
         result = run_store_check(self.url, self.check)
         if result.status == "skipped":
             pytest.skip(result.message)
-        if result.status == "failed":
-            raise StoreCheckFailure(f"store/{self.check} on {self.url}: {result.message}")
+        if result.status == "failed":  # the result's URL and message are redacted
+            raise StoreCheckFailure(f"store/{self.check} on {result.url}: {result.message}")
 
     def repr_failure(self, excinfo: Any, style: Any = None) -> Any:
         """The battery's message; a traceback through the harness would only hide it."""

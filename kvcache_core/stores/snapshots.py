@@ -34,10 +34,23 @@ def get_snapshot(
 ) -> KVSnapshot | None:
     """The snapshot under ``key``, checked (format, checksum, structure), or None if absent.
 
-    :raises SnapshotMismatchError: The stored value is not an intact snapshot.
+    :param max_bytes: Refuse a larger value; the store refuses it before reading it (its
+        ``get(key, max_bytes=...)``), so memory stays bounded whatever the store holds.
+    :raises SnapshotMismatchError: The stored value is not an intact snapshot, or is larger
+        than ``max_bytes`` ("oversized").
     :raises StoreUnavailableError: The store did not answer in time.
+    :raises StoreError: Anything else the store refused.
     """
     from ..contracts.snapshot import KVSnapshot
+    from ..errors import SnapshotMismatchError, StoreValueTooLargeError
 
-    data = store.get(key)
+    if max_bytes is None:
+        data = store.get(key)
+    else:
+        try:
+            data = store.get(key, max_bytes=max_bytes)
+        except StoreValueTooLargeError as exc:
+            raise SnapshotMismatchError(
+                f"not a readable kvcache snapshot: oversized: {exc}"
+            ) from None
     return None if data is None else KVSnapshot.from_bytes(data, max_bytes=max_bytes)

@@ -23,9 +23,13 @@ class SnapshotStore(Protocol):
 
     Keys are strings; values are bytes (normally a snapshot's wire form). ``put`` is atomic:
     a reader sees the old value, the new value or nothing, never a part of one, even when the
-    writer dies mid-call. Errors: [`StoreUnavailableError`][kvcache_core.StoreUnavailableError]
-    when the backend does not answer within the store's timeout (never an endless wait),
-    [`StoreError`][kvcache_core.StoreError] for anything else the store refuses.
+    writer dies mid-call, and a value it acknowledged is removed only by a later ``put`` or
+    ``delete`` of its key or by its ttl, never by a reader. Errors:
+    [`StoreUnavailableError`][kvcache_core.StoreUnavailableError] when the backend does not
+    answer within the store's timeout (a bound on the whole call, never an endless wait),
+    [`StoreError`][kvcache_core.StoreError] for anything else the store refuses; no other
+    exception type. The full contract, and the test that holds each promise, is in
+    docs/stores.md ("The store contract").
     """
 
     def put(self, key: str, value: bytes, *, ttl: float | None = None) -> None:
@@ -33,8 +37,14 @@ class SnapshotStore(Protocol):
         seconds when given (a store without expiry raises ``StoreError`` for a ``ttl``)."""
         ...
 
-    def get(self, key: str) -> bytes | None:
-        """The value under ``key``, or None when there is none (or it expired)."""
+    def get(self, key: str, *, max_bytes: int | None = None) -> bytes | None:
+        """The value under ``key``, or None when there is none (or it expired).
+
+        With ``max_bytes``, a larger value raises
+        [`StoreValueTooLargeError`][kvcache_core.StoreValueTooLargeError] before it is in this
+        process's memory (the store asks for the size first, or reads at most
+        ``max_bytes + 1`` bytes).
+        """
         ...
 
     def delete(self, key: str) -> bool:

@@ -3,17 +3,23 @@
 It is the embedded default: two engine instances in one process (a test, ``kvcache demo
 --instances 2 --store memory:``) share it by URL, ``memory:`` or ``memory:NAME``, as if it were
 a server. Values are immutable bytes, so ``get`` returns the stored object without a copy.
+
+Expiry: a value put with a ``ttl`` is dropped at the first call to the store (any key) after it
+expired, so a snapshot nobody resumes does not hold memory for longer than its ttl plus the
+time to the next call. A heap of deadlines makes that cost O(log n) per expired value.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import threading
 import time
 from collections.abc import Mapping, Sequence
 
 from kvcache_core import StoreSpec, hookimpl
 
-from ._common import check_key, check_ttl, check_value
+from ._common import check_key, check_max_bytes, check_ttl, check_value, too_large
 
 __all__ = ["MemoryStore", "kvcache_store_specs", "open_memory"]
 
@@ -25,9 +31,22 @@ class MemoryStore:
         self.name = name
         self._lock = threading.Lock()
         self._values: dict[str, tuple[bytes, float | None]] = {}
+        # (deadline, put number, key) of every value put with a ttl; an entry whose key has
+        # since been overwritten or deleted is skipped when it comes up.
+        self._deadlines: list[tuple[float, int, str]] = []
+        self._puts = itertools.count()
 
     def __repr__(self) -> str:
         return f"MemoryStore(memory:{self.name})"
+
+    def _reclaim(self, now: float) -> None:
+        """Drop every value whose deadline has passed (the lock held)."""
+        heap = self._deadlines
+        while heap and heap[0][0] <= now:
+            deadline, _, key = heapq.heappop(heap)
+            entry = self._values.get(key)
+            if entry is not None and entry[1] == deadline:
+                del self._values[key]
 
     def _live(self, key: str) -> bytes | None:
         entry = self._values.get(key)
@@ -43,9 +62,16 @@ class MemoryStore:
         """Store ``value`` under ``key``, replacing any value."""
         self.put_many({key: value}, ttl=ttl)
 
-    def get(self, key: str) -> bytes | None:
-        """The value under ``key``, or None."""
-        return self.get_many([key])[0]
+    def get(self, key: str, *, max_bytes: int | None = None) -> bytes | None:
+        """The value under ``key``, or None.
+
+        :raises StoreValueTooLargeError: The value is over ``max_bytes``.
+        """
+        limit = check_max_bytes(max_bytes)
+        value = self.get_many([key])[0]
+        if limit is not None and value is not None and len(value) > limit:
+            raise too_large(key, len(value), limit, repr(self))
+        return value
 
     def delete(self, key: str) -> bool:
         """Remove ``key``; True when it held a value."""
@@ -59,21 +85,27 @@ class MemoryStore:
         """Store every item at once (all checked first, then stored under one lock)."""
         seconds = check_ttl(ttl)
         checked = [(check_key(k), check_value(v)) for k, v in items.items()]
-        deadline = None if seconds is None else time.monotonic() + seconds
+        now = time.monotonic()
+        deadline = None if seconds is None else now + seconds
         with self._lock:
+            self._reclaim(now)
             for key, value in checked:
                 self._values[key] = (value, deadline)
+                if deadline is not None:
+                    heapq.heappush(self._deadlines, (deadline, next(self._puts), key))
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         """The values under ``keys``, in order (None for a missing one)."""
         checked = [check_key(k) for k in keys]
         with self._lock:
+            self._reclaim(time.monotonic())
             return [self._live(k) for k in checked]
 
     def delete_many(self, keys: Sequence[str]) -> int:
         """Remove every key; how many held a value."""
         checked = [check_key(k) for k in keys]
         with self._lock:
+            self._reclaim(time.monotonic())
             return sum(
                 self._live(k) is not None and self._values.pop(k) is not None for k in checked
             )

@@ -42,7 +42,15 @@ from typing import Any
 
 from kvcache_core import StoreError, StoreSpec, StoreUnavailableError, hookimpl
 
-from .redis_store import RedisStore, import_redis, one_quick_retry, parse_redis_url
+from .redis_store import (
+    RedisStore,
+    call_deadline,
+    connection_classes,
+    import_redis,
+    one_quick_retry,
+    parse_redis_url,
+    values_of,
+)
 
 __all__ = ["RedisClusterStore", "kvcache_store_specs", "open_redis_cluster"]
 
@@ -94,14 +102,13 @@ class RedisClusterStore(RedisStore):
         if not names:
             return []
 
-        def pipeline() -> list[Any]:
+        def pipeline() -> list[bytes | None]:
             pipe = self._client.pipeline()
             for name in names:
                 pipe.get(name)
-            return list(pipe.execute())
+            return values_of(pipe.execute(), len(names))
 
-        values = self._call(f"GET of {len(names)} keys", pipeline)
-        return [None if v is None else bytes(v) for v in values]
+        return self._call(f"GET of {len(names)} keys", pipeline)
 
     def delete_many(self, keys: Sequence[str]) -> int:
         """One ``DEL`` per key, one pipeline per node; how many keys held a value."""
@@ -115,7 +122,7 @@ class RedisClusterStore(RedisStore):
                 pipe.delete(name)
             return sum(int(n) for n in pipe.execute())
 
-        return int(self._call(f"DEL of {len(names)} keys", pipeline))
+        return self._call(f"DEL of {len(names)} keys", pipeline)
 
 
 def open_redis_cluster(url: str) -> RedisClusterStore:
@@ -140,18 +147,22 @@ def open_redis_cluster(url: str) -> RedisClusterStore:
     from redis.cluster import RedisCluster
 
     where = target.where
+    plain, tls = connection_classes(redis)
     try:
-        client = RedisCluster(
-            host=target.host,
-            port=target.port,
-            username=target.username,
-            password=target.password,
-            ssl=target.tls,
-            socket_timeout=target.timeout,
-            socket_connect_timeout=target.connect_timeout,
-            retry=one_quick_retry(redis),
-            dynamic_startup_nodes=False,
-        )
+        # The seed as a URL (always redis://: TLS is the connection class's business) so that
+        # RedisCluster builds every node's pool from these arguments, connection class included.
+        with call_deadline(target.connect_timeout + target.timeout):
+            client = RedisCluster(
+                url=f"redis://{target.host}:{target.port}/0",
+                connection_class=tls if target.tls else plain,
+                username=target.username,
+                password=target.password,
+                socket_timeout=target.timeout,
+                socket_connect_timeout=target.connect_timeout,
+                retry=one_quick_retry(redis),
+                dynamic_startup_nodes=False,
+                protocol=2,
+            )
     except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
         message = f"{type(exc).__name__}: {exc}"
         if "not enabled" in str(exc):
@@ -159,7 +170,14 @@ def open_redis_cluster(url: str) -> RedisClusterStore:
                 f"{where} is not in cluster mode ({message}): open a standalone server as "
                 "redis://HOST:PORT/DB (rediss:// for TLS)"
             ) from None
-        if isinstance(exc, (redis.exceptions.AuthenticationError, redis.exceptions.ResponseError)):
+        if isinstance(exc, redis.exceptions.AuthenticationError) or message.startswith(
+            ("ResponseError: NOAUTH", "ResponseError: WRONGPASS")
+        ):
+            raise StoreError(
+                f"{where}: authentication failed (opening the cluster): {message}; check the "
+                "password in the environment variable the URL names"
+            ) from None
+        if isinstance(exc, redis.exceptions.ResponseError):
             raise StoreError(f"{where} refused the connection: {message}") from None
         raise StoreUnavailableError(
             f"{where} did not give a complete slot map (timeout "

@@ -4,14 +4,23 @@ through redis-py, so that engine instances on different machines share snapshots
 Why these choices:
 
 * The password comes from the environment (``$KVCACHE_REDIS_PASSWORD``, or the variable named
-  by ``?password_env=NAME``), never from the URL: a URL ends up in logs, process lists and
-  reports, so one that carries a password is refused, and neither ``repr`` nor any error
-  message ever contains the password.
-* Every call is bounded: socket timeouts (``?timeout=``, default 5 s; ``?connect_timeout=``,
-  default 2 s), and one immediate retry only for a dropped connection (a server restart), none
-  for a timeout. A server that goes away raises
-  [`StoreUnavailableError`][kvcache_core.StoreUnavailableError] within about the timeout
-  instead of hanging the engine.
+  by ``?password_env=NAME``, which must start with ``KVCACHE_`` so a URL cannot make the store
+  send some other secret of the environment to the host it names), never from the URL: a URL
+  ends up in logs, process lists and reports, so one that carries a password is refused, and
+  neither ``repr`` nor any error message ever contains the password. A server refusing the
+  password is reported as such ("authentication failed"), not as a timeout.
+* Every call is bounded as a whole: ``?timeout=`` (default 5 s) is a deadline for the call's
+  every socket read and write, its one retry and any connecting it does (a server trickling
+  its reply a byte at a time cannot stretch it), and ``?connect_timeout=`` (default 2 s) bounds
+  a connect within it. One immediate retry only for a dropped connection (a server restart),
+  none for a timeout. A server that goes away raises
+  [`StoreUnavailableError`][kvcache_core.StoreUnavailableError] within the timeout instead of
+  hanging the engine.
+* ``get(key, max_bytes=N)`` asks the server for the value's length and the value in one
+  server-side script (``EVAL`` of ``STRLEN`` then ``GET``), so a value larger than ``N`` is
+  refused without a byte of it crossing the network.
+* RESP2 (``protocol=2``): every server and proxy speaks it, and no ``HELLO`` handshake is sent
+  (a proxy answering ``HELLO`` with ``+OK`` made redis-py fail with an ``AttributeError``).
 * ``SET`` is atomic in Redis: a reader gets the old value, the new one or nothing, never part
   of one, even when the connection drops mid-write; ``put_many`` is one ``MULTI``/``EXEC``.
 * Keys are prefixed (``?prefix=``, default ``kvcache:``) so the store can share a database.
@@ -22,32 +31,154 @@ installation without the ``redis`` extra still lists the store and says what to 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from kvcache_core import StoreError, StoreSpec, StoreUnavailableError, hookimpl
 
-from ._common import check_key, check_ttl, check_value
+from ._common import check_key, check_max_bytes, check_ttl, check_value, too_large
 
 __all__ = [
     "DEFAULT_PASSWORD_ENV",
+    "PASSWORD_ENV_PREFIX",
     "RedisStore",
     "RedisURL",
+    "call_deadline",
+    "connection_classes",
     "import_redis",
     "kvcache_store_specs",
     "one_quick_retry",
     "open_redis",
     "parse_redis_url",
+    "value_of",
+    "values_of",
 ]
 
 #: The environment variable a Redis password is read from unless ``?password_env=`` names another.
 DEFAULT_PASSWORD_ENV = "KVCACHE_REDIS_PASSWORD"
 
+#: ``?password_env=`` may only name a variable with this prefix: the URL picks which secret is
+#: sent to the host it names, so it must not be able to pick one meant for something else.
+PASSWORD_ENV_PREFIX = "KVCACHE_"
+
 _T = TypeVar("_T")
 _OPTIONS = ("timeout", "connect_timeout", "password_env", "prefix")
+
+# ``get`` with ``max_bytes``: the length and, only when it fits, the value, atomically and in
+# one round trip (nil: no such key; an integer: the length of a value too large to send).
+_BOUNDED_GET = """
+local n = redis.call('STRLEN', KEYS[1])
+if n == 0 and redis.call('EXISTS', KEYS[1]) == 0 then return false end
+if n > tonumber(ARGV[1]) then return n end
+return redis.call('GET', KEYS[1])
+"""
+
+# The monotonic time by which the current store call must be done (None: no call under way).
+_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "kvcache_redis_deadline", default=None
+)
+
+
+@contextlib.contextmanager
+def call_deadline(seconds: float) -> Iterator[None]:
+    """Every socket operation of the Redis stores' connections in this block ends by
+    ``seconds`` from now (the earlier deadline wins when blocks nest)."""
+    deadline = time.monotonic() + seconds
+    outer = _DEADLINE.get()
+    token = _DEADLINE.set(deadline if outer is None else min(outer, deadline))
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+def _remaining() -> float | None:
+    """Seconds left to the current call's deadline (None: no deadline); raises the socket
+    timeout redis-py turns into its ``TimeoutError`` once it has passed."""
+    deadline = _DEADLINE.get()
+    if deadline is None:
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("the store call's deadline passed")
+    return left
+
+
+class _DeadlineSocket:
+    """A connected socket whose every read and write also ends by the call's deadline (redis-py
+    sets a timeout per read; a trickling server would reset it with each byte)."""
+
+    def __init__(self, sock: Any) -> None:
+        self._sock = sock
+        self._timeout: float | None = sock.gettimeout()
+
+    def settimeout(self, value: float | None) -> None:
+        self._timeout = value
+        self._sock.settimeout(value)
+
+    def gettimeout(self) -> float | None:
+        return self._timeout
+
+    def _bounded(self) -> None:
+        left = _remaining()
+        if left is not None:
+            own = self._timeout
+            self._sock.settimeout(left if own is None or own > left else own)
+        else:
+            self._sock.settimeout(self._timeout)
+
+    def recv(self, *args: Any) -> Any:
+        self._bounded()
+        return self._sock.recv(*args)
+
+    def recv_into(self, *args: Any) -> Any:
+        self._bounded()
+        return self._sock.recv_into(*args)
+
+    def sendall(self, data: Any, *args: Any) -> Any:
+        self._bounded()  # sendall's timeout bounds the whole send (Python >= 3.5)
+        return self._sock.sendall(data, *args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+_CLASSES: tuple[type, type] | None = None
+
+
+def connection_classes(redis: Any) -> tuple[type, type]:
+    """redis-py's plain and TLS connection classes, with every socket read, write and connect
+    held to the current call's deadline (``call_deadline``)."""
+    global _CLASSES
+    if _CLASSES is not None:
+        return _CLASSES
+
+    def connect(base: Any, conn: Any) -> Any:
+        configured = conn.socket_connect_timeout
+        left = _remaining()
+        if left is not None and (configured is None or configured > left):
+            conn.socket_connect_timeout = left
+        try:
+            return _DeadlineSocket(base._connect(conn))
+        finally:
+            conn.socket_connect_timeout = configured
+
+    class DeadlineConnection(redis.connection.Connection):  # type: ignore[misc]
+        def _connect(self) -> Any:
+            return connect(redis.connection.Connection, self)
+
+    class DeadlineSSLConnection(redis.connection.SSLConnection):  # type: ignore[misc]
+        def _connect(self) -> Any:
+            return connect(redis.connection.SSLConnection, self)
+
+    _CLASSES = (DeadlineConnection, DeadlineSSLConnection)
+    return _CLASSES
 
 
 class RedisStore:
@@ -78,7 +209,8 @@ class RedisStore:
         import redis
 
         try:
-            return action()
+            with call_deadline(self.timeout):
+                return action()
         # RedisClusterException is not a RedisError: a cluster client's own failures.
         except (
             redis.exceptions.RedisError,
@@ -86,11 +218,24 @@ class RedisStore:
             OSError,
         ) as exc:
             raise self._translate(what, exc, redis) from None
+        except StoreError:
+            raise
+        except Exception as exc:  # redis-py choking on a reply it did not expect
+            raise StoreError(
+                f"{self.where} answered {what} with something this client cannot read "
+                f"({type(exc).__name__}: {exc}): is it a Redis server?"
+            ) from None
 
     def _translate(self, what: str, exc: BaseException, redis: Any) -> StoreError:
         """The store error for ``exc``, raised by redis-py during ``what`` (no traceback
         chained: a redis-py frame may hold the connection's arguments)."""
         name = f"{type(exc).__name__}: {exc}"
+        if _refused_credentials(exc, redis):
+            return StoreError(
+                f"{self.where}: authentication failed ({what}): {name}; check the password in "
+                f"the environment variable the URL names (default ${DEFAULT_PASSWORD_ENV}) and "
+                "the user"
+            )
         if self._unavailable(exc, redis):
             return StoreUnavailableError(
                 f"{self.where} did not answer {what} (timeout {self.timeout:g} s): {name}"
@@ -122,11 +267,26 @@ class RedisStore:
         """``SET`` (with ``PX`` when ``ttl`` is given): atomic on the server."""
         self.put_many({key: value}, ttl=ttl)
 
-    def get(self, key: str) -> bytes | None:
-        """``GET``: the value, or None."""
+    def get(self, key: str, *, max_bytes: int | None = None) -> bytes | None:
+        """``GET``: the value, or None.
+
+        :raises StoreValueTooLargeError: The value is over ``max_bytes``; the server said its
+            length, and none of it was sent.
+        """
         name = self._key(key)
-        value = self._call(f"GET {key!r}", lambda: self._client.get(name))
-        return None if value is None else bytes(value)
+        limit = check_max_bytes(max_bytes)
+        if limit is None:
+            return self._call(f"GET {key!r}", lambda: value_of(self._client.get(name)))
+        got = self._call(
+            f"GET {key!r} (at most {limit} bytes)",
+            lambda: self._client.eval(_BOUNDED_GET, 1, name, limit),
+        )
+        if isinstance(got, int) and not isinstance(got, bool):
+            raise too_large(key, got, limit, self.where)
+        value = self._call(f"GET {key!r}", lambda: value_of(got))
+        if value is not None and len(value) > limit:  # a server that ignored the script's test
+            raise too_large(key, len(value), limit, self.where)
+        return value
 
     def delete(self, key: str) -> bool:
         """``DEL``: True when the key held a value."""
@@ -135,7 +295,7 @@ class RedisStore:
     def exists(self, key: str) -> bool:
         """``EXISTS``."""
         name = self._key(key)
-        return bool(self._call(f"EXISTS {key!r}", lambda: self._client.exists(name)))
+        return self._call(f"EXISTS {key!r}", lambda: int(self._client.exists(name)) > 0)
 
     def put_many(self, items: Mapping[str, bytes], *, ttl: float | None = None) -> None:
         """Every ``SET`` in one ``MULTI``/``EXEC``: all stored or, on failure, none."""
@@ -166,19 +326,48 @@ class RedisStore:
         names = [self._key(k) for k in keys]
         if not names:
             return []
-        values = self._call(f"MGET of {len(names)} keys", lambda: self._client.mget(names))
-        return [None if v is None else bytes(v) for v in values]
+        return self._call(
+            f"MGET of {len(names)} keys", lambda: values_of(self._client.mget(names), len(names))
+        )
 
     def delete_many(self, keys: Sequence[str]) -> int:
         """One ``DEL``; how many keys held a value."""
         names = [self._key(k) for k in keys]
         if not names:
             return 0
-        return int(self._call(f"DEL of {len(names)} keys", lambda: self._client.delete(*names)))
+        return self._call(f"DEL of {len(names)} keys", lambda: int(self._client.delete(*names)))
 
     def close(self) -> None:
         """Close the connection pool."""
         self._client.close()
+
+
+def value_of(reply: object) -> bytes | None:
+    """A ``GET`` reply as the value: None, or the bytes (anything else is not a value, and
+    ``bytes(5)`` would have made five zero bytes of an integer reply)."""
+    if reply is None or isinstance(reply, bytes):
+        return reply
+    if isinstance(reply, (bytearray, memoryview)):
+        return bytes(reply)
+    raise TypeError(f"a {type(reply).__name__} reply where a value or nil belongs")
+
+
+def values_of(replies: object, count: int) -> list[bytes | None]:
+    """An ``MGET`` (or pipelined ``GET``) reply: one value or None per key, in order."""
+    if not isinstance(replies, (list, tuple)) or len(replies) != count:
+        raise TypeError(f"not a list of {count} values")
+    return [value_of(r) for r in replies]
+
+
+def _refused_credentials(exc: BaseException, redis: Any) -> bool:
+    """Whether the server refused the user or password (redis-py's ``AuthenticationError`` is
+    a ``ConnectionError``, but nothing is unreachable: retrying will not help)."""
+    if isinstance(exc, redis.exceptions.AuthenticationError):
+        return True
+    text = str(exc)
+    return isinstance(exc, redis.exceptions.ResponseError) and text.startswith(
+        ("NOAUTH", "WRONGPASS", "NOPERM")
+    )
 
 
 def _cluster_errors(redis: Any) -> tuple[type[BaseException], ...]:
@@ -265,6 +454,12 @@ def parse_redis_url(url: str, schemes: tuple[str, str] = ("redis", "rediss")) ->
     if not path.isdigit():
         raise StoreError(f"redis URL database must be a number, got {path!r}")
     env = options.get("password_env", [DEFAULT_PASSWORD_ENV])[-1]
+    if not env.startswith(PASSWORD_ENV_PREFIX) or len(env) == len(PASSWORD_ENV_PREFIX):
+        raise StoreError(
+            f"redis URL option password_env={env!r}: the variable must be named "
+            f"{PASSWORD_ENV_PREFIX}... (so a URL can only pick a secret meant for kvcache), "
+            f"e.g. {DEFAULT_PASSWORD_ENV}"
+        )
     return RedisURL(
         scheme=parts.scheme,
         host=parts.hostname or "localhost",
@@ -306,17 +501,21 @@ def open_redis(url: str) -> RedisStore:
     """
     target = parse_redis_url(url)
     redis = import_redis()
-    client = redis.Redis(
+    plain, tls = connection_classes(redis)
+    retry = one_quick_retry(redis)
+    pool = redis.ConnectionPool(
+        connection_class=tls if target.tls else plain,
         host=target.host,
         port=target.port,
         db=target.db,
         username=target.username,
         password=target.password,
-        ssl=target.tls,
         socket_timeout=target.timeout,
         socket_connect_timeout=target.connect_timeout,
-        retry=one_quick_retry(redis),
+        retry=retry,
+        protocol=2,
     )
+    client = redis.Redis(connection_pool=pool, retry=retry)
     return RedisStore(client, where=target.where, prefix=target.prefix, timeout=target.timeout)
 
 

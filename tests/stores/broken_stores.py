@@ -48,8 +48,8 @@ class TakesAnything(MemoryStore):
 
 
 class EmptyForMissing(MemoryStore):
-    def get(self, key: str) -> bytes | None:
-        value = super().get(key)
+    def get(self, key: str, *, max_bytes: int | None = None) -> bytes | None:
+        value = super().get(key, max_bytes=max_bytes)
         return b"" if value is None else value
 
 
@@ -62,15 +62,45 @@ class Truncates(MemoryStore):
 
 class SortsBatches(MemoryStore):
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
-        return super().get_many(sorted(keys))
+        return super().get_many(sorted(keys, key=str))
+
+
+class IgnoresMaxBytes(MemoryStore):
+    """Takes ``max_bytes`` and returns the whole value anyway."""
+
+    def get(self, key: str, *, max_bytes: int | None = None) -> bytes | None:
+        return super().get(key)
+
+
+class DeletesExpiredByName(MemoryStore):
+    """Finds a value expired, then (a moment later) deletes whatever the key holds by then:
+    the directory store's old read path, which lost newer values."""
+
+    def get(self, key: str, *, max_bytes: int | None = None) -> bytes | None:
+        entry = self._values.get(key)
+        if entry is not None and entry[1] is not None and time.monotonic() >= entry[1]:
+            time.sleep(0.0005)
+            self._values.pop(key, None)
+            return None
+        return super().get(key, max_bytes=max_bytes)
+
+
+class EncodesKeysUnchecked(MemoryStore):
+    """Encodes keys without checking them: a lone surrogate raises UnicodeEncodeError."""
+
+    def put_many(self, items: Mapping[str, bytes], *, ttl: float | None = None) -> None:
+        for key in items:
+            if isinstance(key, str):
+                key.encode("utf-8")
+        super().put_many(items, ttl=ttl)
 
 
 class HidesOutages(RedisStore):
     """Answers None when the server is gone: a request would be lost, not reported."""
 
-    def get(self, key: str) -> bytes | None:
+    def get(self, key: str, *, max_bytes: int | None = None) -> bytes | None:
         try:
-            return super().get(key)
+            return super().get(key, max_bytes=max_bytes)
         except StoreUnavailableError:
             return None
 
@@ -95,6 +125,9 @@ def kvcache_store_specs() -> list[StoreSpec]:
         EmptyForMissing,
         Truncates,
         SortsBatches,
+        IgnoresMaxBytes,
+        DeletesExpiredByName,
+        EncodesKeysUnchecked,
     ]
     return [
         *(_memory(c) for c in stores),

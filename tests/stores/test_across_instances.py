@@ -69,10 +69,58 @@ def test_killing_the_store_mid_run_corrupts_no_request(redis_server: LocalRedis)
     assert len(report.failed_requests) <= 2
     for why in report.failed_requests.values():
         assert (
-            why.startswith("StoreUnavailableError: redis://127.0.0.1") and "did not answer" in why
+            why.startswith("fetching the snapshot: StoreUnavailableError: redis://127.0.0.1")
+            and "did not answer" in why
         )
     done = report.finished_on_a + report.finished_on_b
     assert done + len(report.failed_requests) == SETTINGS.requests
+
+
+def test_bad_snapshots_fail_their_requests_alone_and_the_run_goes_on() -> None:
+    """Three of the moved snapshots are spoiled in the store right after A put them: one is a
+    well-formed snapshot whose parts the pool refuses (another dtype), one a hostile blob, one
+    is gone. Each of those requests fails alone with its reason; every other one finishes on
+    A or B with the ample-memory tokens."""
+    import torch
+
+    from kvcache_core import KVSnapshot
+    from kvcache_core.stores import open_store
+
+    registry = discover()
+    url = "memory:spoiled-snapshots"
+    store = open_store(url)
+    seen: set[str] = set()
+    deep = b"[" * 50_000 + b"]" * 50_000
+    hostile = len(deep).to_bytes(8, "little") + deep
+
+    def spoil(moved: int) -> None:
+        keys = set(store._values) - seen  # type: ignore[attr-defined]
+        seen.update(keys)
+        (key,) = keys
+        if moved == 1:
+            snap = KVSnapshot.from_bytes(store.get(key))  # type: ignore[arg-type]
+            parts = {n: t.to(torch.float64) for n, t in snap.parts.items()}
+            wrong = KVSnapshot(snap.pool_kind, snap.dtype, snap.token_count, parts, meta=snap.meta)
+            store.put(key, wrong.to_bytes())
+        elif moved == 2:
+            store.put(key, hostile)
+        elif moved == 3:
+            store.delete(key)
+
+    [report] = run_across_instances(registry, ["mha"], SETTINGS, url, after_put=spoil, threads=True)
+    assert report.moved >= 4, report
+    assert report.status == "failed-requests", report
+    assert report.differing_requests == [], report
+    reasons = sorted(report.failed_requests.values())
+    assert len(reasons) == 3, reasons
+    assert any(r.startswith("loading the snapshot: SnapshotMismatchError") for r in reasons)
+    assert any(
+        r.startswith("fetching the snapshot: SnapshotMismatchError") and "deeper" in r
+        for r in reasons
+    )
+    assert any("is not in the store" in r for r in reasons)
+    assert report.finished_on_b > 0
+    assert report.finished_on_a + report.finished_on_b + 3 == SETTINGS.requests
 
 
 def test_cli_across_processes_through_a_directory(
@@ -99,7 +147,8 @@ def test_cli_across_processes_through_a_directory(
     assert code == 0 and doc["ok"], doc
     [pool] = doc["pools"]
     assert pool["status"] == "identical" and pool["moved"] > 0
-    assert list((tmp_path / "kv").iterdir()) == []  # B deleted every snapshot it resumed
+    left = [p.name for p in (tmp_path / "kv").iterdir()]
+    assert left == [".lock"]  # B deleted every snapshot it resumed (the store's lock file stays)
 
 
 @pytest.mark.parametrize(

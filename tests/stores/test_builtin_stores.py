@@ -70,8 +70,8 @@ def test_redis_password_comes_from_the_environment_only(
     store._client.config_set("requirepass", secret)  # type: ignore[attr-defined]
     with pytest.raises(StoreError) as refused:  # no password given: refused, not hung
         open_store(redis_server.url).put("k", b"v")
-    monkeypatch.setenv("MY_REDIS_PW", secret)
-    authed = open_store(redis_server.url + "&password_env=MY_REDIS_PW")
+    monkeypatch.setenv("KVCACHE_MY_REDIS_PW", secret)
+    authed = open_store(redis_server.url + "&password_env=KVCACHE_MY_REDIS_PW")
     authed.put("k", b"v")
     assert authed.get("k") == b"v"
     assert secret not in repr(authed) and secret not in str(refused.value)
@@ -101,7 +101,7 @@ def test_directory_readers_never_see_a_partial_file(tmp_path: Path) -> None:
     store.put("req-1", b"old" * 1000)
     (tmp_path / ".tmp-999-dead").write_bytes(b"KVST\x01\x00\x00\x00" + b"\x00" * 8 + b"half")
     assert store.get("req-1") == b"old" * 1000
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".tmp-999-dead", "k-req-1"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", ".tmp-999-dead", "k-req-1"]
 
 
 def test_directory_store_refuses_a_file_it_did_not_write(tmp_path: Path) -> None:

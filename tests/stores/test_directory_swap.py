@@ -18,7 +18,8 @@ from kvcache_plugins.stores import _swap
 
 
 def _names(root: Path) -> list[str]:
-    return sorted(p.name for p in root.iterdir())
+    """The store's files, without its lock file (there from the first put on)."""
+    return sorted(p.name for p in root.iterdir() if p.name != ".lock")
 
 
 def _failing_exchange(code: int) -> Callable[[bytes, bytes], int]:

@@ -179,12 +179,12 @@ def test_a_node_killed_mid_batch_fails_alone_within_the_timeout(
     store.close()
 
 
-def test_a_hung_node_costs_about_two_timeouts_and_the_store_recovers(
+def test_a_hung_node_costs_one_timeout_and_the_store_recovers(
     cluster: LocalRedisCluster,
 ) -> None:
-    """A node stops answering (SIGSTOP): a call for one of its keys waits for the timeout,
-    re-reads the slot map from the seed and tries once more, then raises; it does not retry
-    on and on. Once the node answers again, so does the store."""
+    """A node stops answering (SIGSTOP): a call for one of its keys raises when the timeout,
+    a deadline for the whole call (its retry and the slot map's re-reading included), has
+    passed; it does not retry on and on. Once the node answers again, so does the store."""
     timeout = 0.5
     url = f"redis+cluster://127.0.0.1:{cluster.nodes[0].port}?timeout={timeout}&prefix=hung:"
     store = open_store(url)
@@ -193,13 +193,13 @@ def test_a_hung_node_costs_about_two_timeouts_and_the_store_recovers(
     cluster.nodes[2].pause()
     try:
         began = time.monotonic()
-        with pytest.raises(StoreUnavailableError, match="TimeoutError"):
+        with pytest.raises(StoreUnavailableError, match=r"did not answer GET .*Timeout"):
             store.get(key)
         took = time.monotonic() - began
     finally:
         cluster.nodes[2].resume()
-    # One retry: two timeouts (redis-py's default, three retries, would take four).
-    assert timeout * 2 <= took <= timeout * 3.5, f"{took:.2f} s"
+    # The deadline: one timeout (per read, with redis-py's three retries, it took four).
+    assert timeout * 0.9 <= took <= timeout * 1.8, f"{took:.2f} s"
     assert store.get(key) == b"kept"
     store.delete(key)
     store.close()
@@ -312,8 +312,8 @@ def test_the_password_comes_from_the_environment_only(
     try:
         with pytest.raises(StoreError) as refused:
             open_store(cluster.url).put("k", b"v")
-        monkeypatch.setenv("MY_CLUSTER_PW", secret)
-        store = open_store(cluster.url + "&password_env=MY_CLUSTER_PW&prefix=pw:")
+        monkeypatch.setenv("KVCACHE_MY_CLUSTER_PW", secret)
+        store = open_store(cluster.url + "&password_env=KVCACHE_MY_CLUSTER_PW&prefix=pw:")
         store.put_many({f"k{i}": b"v" for i in range(10)})
         assert store.get_many([f"k{i}" for i in range(10)]) == [b"v"] * 10
         assert store.delete_many([f"k{i}" for i in range(10)]) == 10

@@ -61,16 +61,20 @@ def test_check_store_reports_the_failing_check(
     doc = json.loads(out)
     jsonschema.validate(doc, json.loads(SCHEMA.read_text()))
     failed = [r for r in doc["results"] if r["outcome"] == "failed"]
-    assert [(r["target"], r["check"]) for r in failed] == [("store:keepsfirst:", "store/overwrite")]
+    # A store that never replaces a value also keeps an expired value over an acknowledged one.
+    assert [(r["target"], r["check"]) for r in failed] == [
+        ("store:keepsfirst:", "store/overwrite"),
+        ("store:keepsfirst:", "store/expiry-race"),
+    ]
     (finding,) = failed[0]["findings"]
     assert finding["rule"] == "store-check-failed" and finding["severity"] == "error"
     assert "did not replace" in finding["message"]
     assert finding["impl_location"] == {"path": str(keepsfirst), "line": 7}  # class KeepsFirst
     outcomes = {r["check"]: r["outcome"] for r in doc["results"]}
-    assert len(outcomes) == 10 and outcomes["store/outage"] == "skipped"
+    assert len(outcomes) == 12 and outcomes["store/outage"] == "skipped"
     (outage,) = [r for r in doc["results"] if r["check"] == "store/outage"]
     assert "no way to stop this store's server" in outage["detail"]
-    assert doc["summary"]["outcomes"]["passed"] == 8
+    assert doc["summary"]["outcomes"]["passed"] == 9
 
 
 def _failing_overwrite(capsys: pytest.CaptureFixture[str], fmt: str) -> str:
@@ -156,7 +160,7 @@ def test_check_store_passes_the_memory_store(capsys: pytest.CaptureFixture[str])
     out = capsys.readouterr().out
     assert "  PASS   store/round-trip" in out.splitlines()
     assert out.splitlines()[0] == "store:memory:cli-test"
-    assert "9 passed, 0 failed, 0 errors, 1 skipped" in out
+    assert "11 passed, 0 failed, 0 errors, 1 skipped" in out
 
 
 def test_check_store_refuses_an_unknown_scheme(capsys: pytest.CaptureFixture[str]) -> None:
@@ -166,7 +170,7 @@ def test_check_store_refuses_an_unknown_scheme(capsys: pytest.CaptureFixture[str
 
 def test_pytest_option_adds_one_test_per_check(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("--kvcache-store", "memory:pytester", "-k", "round-trip or outage")
-    result.assert_outcomes(passed=1, skipped=1, deselected=8)
+    result.assert_outcomes(passed=1, skipped=1, deselected=10)
     result.stdout.no_fnmatch_line("*error*")
 
 
@@ -184,4 +188,4 @@ def test_the_store_mark_is_registered_outside_this_project(pytester: pytest.Pyte
         "error::pytest.PytestUnknownMarkWarning",
         "--strict-markers",
     )
-    result.assert_outcomes(passed=1, deselected=9)
+    result.assert_outcomes(passed=1, deselected=11)

@@ -92,7 +92,7 @@ def test_allow_and_deny_lists(monkeypatch: pytest.MonkeyPatch) -> None:
 
 class Lax:
     def put(self, key, value, *, ttl=None, **extra): ...  # type: ignore[no-untyped-def]
-    def get(self, key): ...  # type: ignore[no-untyped-def]
+    def get(self, key, **kw): ...  # type: ignore[no-untyped-def]
     def delete(self, key): ...  # type: ignore[no-untyped-def]
     def exists(self, key): ...  # type: ignore[no-untyped-def]
     def put_many(self, items, **kw): ...  # type: ignore[no-untyped-def]
@@ -108,12 +108,16 @@ def test_drift_accepts_any_class_every_call_fits() -> None:
         def put(self, key, value, ttl, /): ...  # type: ignore[no-untyped-def, override]
 
     class Required(Lax):
-        def get(self, key, namespace): ...  # type: ignore[no-untyped-def, override]
+        def get(self, key, namespace, **kw): ...  # type: ignore[no-untyped-def, override]
+
+    class NoLimit(Lax):  # a store written before get took max_bytes
+        def get(self, key): ...  # type: ignore[no-untyped-def, override]
 
     class Missing:
         pass
 
     assert store_drift(Positional) == "Positional.put() takes 'key' as positional-only"
     assert store_drift(Required) == "Required.get() requires 'namespace', which callers never pass"
+    assert store_drift(NoLimit) == "NoLimit.get() lacks parameter 'max_bytes'"
     assert store_drift(Missing) == "Missing has no method put()"
     assert store_drift(42) == "store_class is int, not a class"

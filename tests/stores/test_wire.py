@@ -206,19 +206,33 @@ def test_quantised_parts_round_trip(quant: torch.dtype) -> None:
     assert same_snapshot(snap, back) is None
 
 
-def test_reads_are_zero_copy_views_of_the_blob() -> None:
+def test_decoded_parts_own_their_memory() -> None:
+    """A decoded part is never a view of the blob: an in-place write to it changes neither an
+    immutable ``bytes`` object nor the value a ``memory:`` store holds, and a caller reusing
+    its bytearray cannot change a checked snapshot."""
+    from kvcache_core.stores import get_snapshot, open_store, put_snapshot
+
     snap = KVSnapshot(
         "mha", torch.float32, 4, {"k": torch.randn(2, 4, 8), "v": torch.randn(2, 4, 8)}
     )
     blob = snap.to_bytes()
+    kept = bytes(bytearray(blob))  # an independent copy to compare with
     back = KVSnapshot.from_bytes(blob)
     start = id(blob)  # CPython: a bytes object's data lives inside the object
     for t in back.parts.values():
-        assert start < t.data_ptr() < start + 64 + len(blob)
+        assert not start <= t.data_ptr() < start + 64 + len(blob)
+        t.add_(1.0)
+    assert blob == kept
+    store = open_store("memory:owned-parts")
+    put_snapshot(store, "s", snap)
+    first = get_snapshot(store, "s")
+    assert first is not None
+    first.parts["k"].zero_()
+    assert same_snapshot(get_snapshot(store, "s"), snap) is None
     mutable = bytearray(blob)
     owned = KVSnapshot.from_bytes(mutable)
     mutable[-1] ^= 0xFF  # a caller reusing its buffer cannot change a checked snapshot
-    assert same_snapshot(owned, back) is None
+    assert same_snapshot(owned, snap) is None
 
 
 def test_the_blob_is_a_safetensors_file() -> None:
